@@ -1,0 +1,117 @@
+"""The environment protocol every benchmark adapter implements, and the agent prompt built from it.
+
+An environment is one episode of one task. The agent loop creates it from a task spec (a dict taken from a
+dataset row), calls ``reset()`` once, then ``step(action)`` with the action text extracted from the model's
+``<action>...</action>`` block (the empty string when the response had no valid block). Malformed or
+non-admissible actions are normal: the environment answers as the real game would and never raises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@dataclass
+class StepResult:
+    """What one environment step returns (the classic ``(obs, reward, done, info)`` tuple, named)."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter((self.observation, self.reward, self.done, self.info))
+
+
+@runtime_checkable
+class AgentEnv(Protocol):
+    """One episode of a text environment.
+
+    ``info`` from ``step`` carries at least ``"won"`` (bool, the verified success) and, where the environment
+    has them, ``"admissible_commands"`` (list of str). ``task`` is the task statement shown to the agent;
+    ``admissible_commands`` is the current list (``None`` when the action space is open, e.g. search).
+    """
+
+    max_turns: int
+    action_tag: str
+
+    def reset(self) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    @property
+    def task(self) -> str: ...
+
+    @property
+    def admissible_commands(self) -> list[str] | None: ...
+
+    def close(self) -> None: ...
+
+
+EnvFactory = Callable[[dict[str, Any]], AgentEnv]
+"""Builds one episode from a task spec (a dataset row's fields, e.g. ``{"game_file": ...}``)."""
+
+
+@dataclass
+class PromptTemplate:
+    """The agent prompt of one turn (TASPO A.3, verl-agent's convention).
+
+    The prompt shows the task, a window of the most recent ``history_window`` (observation, action) pairs,
+    the current observation, the admissible actions when the environment lists them, and the instruction to
+    reason inside ``<think>...</think>`` and then answer with exactly one ``<action>...</action>`` block.
+    """
+
+    history_window: int = 3
+    max_observation_chars: int = 1200
+    max_admissible: int = 60
+
+    def render(
+        self,
+        task: str,
+        observation: str,
+        history: list[tuple[str, str]],
+        admissible: list[str] | None,
+        turn: int,
+        action_tag: str = "action",
+        extra_instructions: str = "",
+    ) -> str:
+        lines = [f"You are an expert agent operating in a text environment. Your task is: {task}"]
+        recent = history[-self.history_window :] if self.history_window > 0 else []
+        if recent:
+            first = turn - len(recent) + 1
+            lines.append(f"Your {len(recent)} most recent steps (of {turn} so far):")
+            for k, (obs, act) in enumerate(recent):
+                lines.append(f"[Step {first + k}] Observation: {_clip(obs, self.max_observation_chars)}")
+                lines.append(f"[Step {first + k}] Action: {act}")
+        lines.append(f"Current observation (step {turn + 1}): {_clip(observation, self.max_observation_chars)}")
+        lines += self._closing(admissible, action_tag, extra_instructions)
+        return "\n".join(lines)
+
+    def render_followup(self, observation: str, admissible: list[str] | None, turn: int, action_tag: str = "action") -> str:
+        """The user message of a later turn in the ``sequence`` layout, where the history is in context."""
+        lines = [f"Observation (step {turn + 1}): {_clip(observation, self.max_observation_chars)}"]
+        return "\n".join(lines + self._closing(admissible, action_tag, ""))
+
+    def _closing(self, admissible: list[str] | None, action_tag: str, extra_instructions: str) -> list[str]:
+        lines = []
+        if admissible:
+            shown = admissible[: self.max_admissible]
+            more = "" if len(admissible) <= len(shown) else f" (and {len(admissible) - len(shown)} more)"
+            lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in shown) + more)
+        if extra_instructions:
+            lines.append(extra_instructions)
+        lines.append(
+            "First reason step by step inside <think> </think>. Then give exactly one action inside "
+            f"<{action_tag}> </{action_tag}>."
+        )
+        return lines
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"

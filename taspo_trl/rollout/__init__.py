@@ -1,0 +1,17 @@
+"""Rollouts: trajectory records, the batched multi-turn agent loop, generation backends, row layouts."""
+
+from .layouts import Rows, build_rows
+from .loop import encode_task_prompt, run_agent_loop, task_spec_from_row
+from .records import Trajectory, Turn
+from .trl_rollout import make_rollout_func
+
+__all__ = [
+    "Rows",
+    "Trajectory",
+    "Turn",
+    "build_rows",
+    "encode_task_prompt",
+    "make_rollout_func",
+    "run_agent_loop",
+    "task_spec_from_row",
+]

@@ -1,0 +1,204 @@
+"""Runs a batch of environment episodes, in this process or spread over worker processes.
+
+Text games are CPU-bound Python, so with ``num_workers > 0`` each worker process owns a share of the
+batch's episodes and all of them step concurrently. A failing environment never takes the batch down:
+its episode ends with an error observation, reward 0 and ``info["error"]`` set.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from ..envs.base import AgentEnv, EnvFactory, StepResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeStart:
+    observation: str
+    task: str
+    admissible: list[str] | None
+    action_tag: str
+    max_turns: int
+    env_name: str
+    task_type: str | None
+    error: str | None = None
+
+
+def _start(env: AgentEnv) -> EpisodeStart:
+    observation = env.reset()
+    return EpisodeStart(
+        observation=observation,
+        task=env.task,
+        admissible=env.admissible_commands,
+        action_tag=getattr(env, "action_tag", "action"),
+        max_turns=int(getattr(env, "max_turns", 50)),
+        env_name=getattr(env, "env_name", type(env).__name__),
+        task_type=getattr(env, "task_type", None),
+    )
+
+
+def _failed_start(spec: dict[str, Any], error: str) -> EpisodeStart:
+    return EpisodeStart(f"[environment error] {error}", str(spec.get("prompt", "")), None, "action", 0, "", None, error)
+
+
+def _failed_step(_action: str, error: str) -> StepResult:
+    return StepResult(f"[environment error] {error}", 0.0, True, {"won": False, "error": error})
+
+
+def _safe_step(env: AgentEnv, action: str) -> StepResult:
+    try:
+        result = env.step(action)
+        return result if isinstance(result, StepResult) else StepResult(*result)
+    except Exception as exc:  # an environment bug must end one episode, not the training run
+        logger.warning("environment step failed: %s", exc)
+        return StepResult(f"[environment error] {exc}", 0.0, True, {"won": False, "error": repr(exc)})
+
+
+def _safe_close(env: AgentEnv | None) -> None:
+    if env is not None and hasattr(env, "close"):
+        try:
+            env.close()
+        except Exception:  # closing is best effort
+            pass
+
+
+class _LocalEpisodes:
+    def __init__(self, factory: EnvFactory):
+        self.factory = factory
+        self.envs: dict[int, AgentEnv] = {}
+
+    def start(self, items: list[tuple[int, dict[str, Any]]]) -> list[EpisodeStart]:
+        out = []
+        for key, spec in items:
+            try:
+                env = self.factory(spec)
+                self.envs[key] = env
+                out.append(_start(env))
+            except Exception as exc:
+                logger.warning("environment reset failed for %s: %s", spec, exc)
+                out.append(_failed_start(spec, repr(exc)))
+        return out
+
+    def step(self, items: list[tuple[int, str]]) -> list[StepResult]:
+        out = []
+        for key, action in items:
+            env = self.envs.get(key)
+            if env is None:
+                out.append(_failed_step(action, "episode was never started"))
+            else:
+                out.append(_safe_step(env, action))
+        return out
+
+    def close(self, items: list[tuple[int, Any]]) -> list[None]:
+        for key, _ in items:
+            _safe_close(self.envs.pop(key, None))
+        return [None] * len(items)
+
+
+def _worker(conn: Any, factory: EnvFactory) -> None:
+    episodes = _LocalEpisodes(factory)
+    while True:
+        try:
+            command, payload = conn.recv()
+        except EOFError:
+            break
+        if command == "stop":
+            episodes.close([(key, None) for key in episodes.envs])
+            break
+        try:
+            result = getattr(episodes, command)(payload)
+        except Exception:
+            result = RuntimeError(traceback.format_exc())
+        conn.send(result)
+
+
+class EnvPool:
+    """Starts, steps and closes episodes keyed by an integer id.
+
+    Args:
+        factory: builds one episode from a task spec; must be picklable (a module-level function) when
+            ``num_workers > 0``.
+        num_workers: 0 runs every environment in this process; N > 0 spreads episodes over N processes.
+    """
+
+    def __init__(self, factory: EnvFactory, num_workers: int = 0):
+        self.factory = factory
+        self.num_workers = num_workers
+        self._local = _LocalEpisodes(factory) if num_workers == 0 else None
+        self._workers: list[tuple[Any, Any]] = []
+        self._owner: dict[int, int] = {}
+        if num_workers > 0:
+            context = mp.get_context("spawn")
+            for _ in range(num_workers):
+                parent, child = context.Pipe()
+                process = context.Process(target=_worker, args=(child, factory), daemon=True)
+                process.start()
+                self._workers.append((parent, process))
+
+    def start(self, specs: dict[int, dict[str, Any]]) -> dict[int, EpisodeStart]:
+        if self._local is not None:
+            return dict(zip(specs, self._local.start(list(specs.items())), strict=True))
+        for n, key in enumerate(specs):
+            self._owner[key] = n % self.num_workers
+        return self._scatter("start", specs, _failed_start)
+
+    def step(self, actions: dict[int, str]) -> dict[int, StepResult]:
+        if self._local is not None:
+            return dict(zip(actions, self._local.step(list(actions.items())), strict=True))
+        return self._scatter("step", actions, _failed_step)
+
+    def close(self, keys: list[int]) -> None:
+        if self._local is not None:
+            self._local.close([(key, None) for key in keys])
+            return
+        self._scatter("close", {key: None for key in keys}, lambda _value, _error: None)
+        for key in keys:
+            self._owner.pop(key, None)
+
+    def shutdown(self) -> None:
+        for conn, process in self._workers:
+            try:
+                conn.send(("stop", None))
+            except (BrokenPipeError, OSError):
+                pass
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+        self._workers = []
+
+    def _scatter(self, command: str, payload: dict[int, Any], on_failure: Any) -> dict[int, Any]:
+        by_worker: dict[int, list[tuple[int, Any]]] = {}
+        for key, value in payload.items():
+            by_worker.setdefault(self._owner[key], []).append((key, value))
+        sent = {}
+        for w, items in by_worker.items():
+            try:
+                self._workers[w][0].send((command, items))
+                sent[w] = None
+            except (BrokenPipeError, OSError) as exc:
+                sent[w] = RuntimeError(f"worker {w} is gone: {exc!r}")
+        out: dict[int, Any] = {}
+        for w, items in by_worker.items():
+            result = sent[w] or self._receive(w)
+            if isinstance(result, Exception):
+                logger.error("environment worker %d failed: %s", w, result)
+                result = [on_failure(value, str(result)) for _, value in items]
+            out.update({key: r for (key, _), r in zip(items, result, strict=True)})
+        return {key: out[key] for key in payload}
+
+    def _receive(self, w: int) -> Any:
+        conn, process = self._workers[w]
+        try:
+            return conn.recv()
+        except (EOFError, OSError) as exc:
+            return RuntimeError(f"worker process {process.pid} died: {exc!r}")
+
+    def __del__(self) -> None:
+        self.shutdown()
+

@@ -1,0 +1,119 @@
+"""Training rows from trajectories, in the two layouts (DESIGN.md, data flow step 3).
+
+- ``sequence``: one row per trajectory. The completion is every response with the observation tokens that
+  followed it, which are masked out (``env_mask`` 0). Exactly the tokens the policy was conditioned on.
+- ``turn``: one row per turn, each with its own prompt. Rows are padded with empty, fully masked rows to a
+  multiple of ``pad_to_multiple`` so TRL can split the generation batch evenly.
+
+Every completion token remembers which (trajectory, turn) produced it, so per-turn credit (TASPO and
+AlignOPSD weights, Eq. 7's balancing factor) can be spread onto exactly that turn's policy tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .records import Trajectory
+
+NOT_POLICY = -1
+
+
+@dataclass
+class Rows:
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
+    env_mask: list[list[int]] = field(default_factory=list)
+    """1 for tokens the policy generated, 0 for observation tokens and padding rows."""
+    logprobs: list[list[float]] = field(default_factory=list)
+    """Sampling log-probs; 0.0 where ``env_mask`` is 0."""
+    token_turn: list[list[int]] = field(default_factory=list)
+    """The turn index of each completion token, ``NOT_POLICY`` for observation tokens."""
+    row_trajectory: list[int] = field(default_factory=list)
+    """The trajectory index of each row, ``NOT_POLICY`` for padding rows."""
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def _append(self, trajectory: int, prompt, completion, mask, logprobs, turns) -> None:
+        self.prompt_ids.append(list(prompt))
+        self.completion_ids.append(list(completion))
+        self.env_mask.append(list(mask))
+        self.logprobs.append(list(logprobs))
+        self.token_turn.append(list(turns))
+        self.row_trajectory.append(trajectory)
+
+    def spread(self, per_turn: Sequence[Sequence[float | Sequence[float]]], fill: float = 0.0) -> list[list[float]]:
+        """Per-token values from per-turn ones.
+
+        ``per_turn[i][t]`` is either one number for every policy token of turn t of trajectory i, or a list
+        with one number per response token of that turn (token-level allocation). Observation and padding
+        tokens get ``fill``.
+        """
+        out = []
+        for traj, turns in zip(self.row_trajectory, self.token_turn, strict=True):
+            values, position = [], {}
+            for turn in turns:
+                if traj == NOT_POLICY or turn == NOT_POLICY:
+                    values.append(fill)
+                    continue
+                value = per_turn[traj][turn]
+                if isinstance(value, (int, float)):
+                    values.append(float(value))
+                else:
+                    k = position.get(turn, 0)
+                    values.append(float(value[k]))
+                    position[turn] = k + 1
+            out.append(values)
+        return out
+
+
+def build_rows(
+    trajectories: Sequence[Trajectory], layout: str, pad_to_multiple: int = 1, pad_token_id: int = 0
+) -> Rows:
+    if layout == "sequence":
+        return _sequence_rows(trajectories, pad_token_id)
+    if layout == "turn":
+        return _turn_rows(trajectories, pad_to_multiple, pad_token_id)
+    raise ValueError(f"Unknown layout {layout!r}: use 'turn' or 'sequence'.")
+
+
+def _sequence_rows(trajectories: Sequence[Trajectory], pad_token_id: int) -> Rows:
+    rows = Rows()
+    for i, trajectory in enumerate(trajectories):
+        if not trajectory.turns:  # the environment failed before the first turn: a row that trains nothing
+            rows._append(i, [pad_token_id], [pad_token_id], [0], [0.0], [NOT_POLICY])
+            continue
+        prompt = trajectory.turns[0].prompt_ids
+        completion, mask, logprobs, turns = [], [], [], []
+        context = list(prompt)
+        for t, turn in enumerate(trajectory.turns):
+            if t > 0:
+                if turn.prompt_ids[: len(context)] != context:
+                    raise RuntimeError(
+                        f"Trajectory {i}, turn {t}: the prompt does not extend the previous turn's history; "
+                        "sequence-layout rows would not be the tokens the policy saw."
+                    )
+                observation = turn.prompt_ids[len(context) :]
+                completion += observation
+                mask += [0] * len(observation)
+                logprobs += [0.0] * len(observation)
+                turns += [NOT_POLICY] * len(observation)
+            completion += turn.response_ids
+            mask += [1] * len(turn.response_ids)
+            logprobs += turn.logprobs
+            turns += [t] * len(turn.response_ids)
+            context = turn.prompt_ids + turn.response_ids
+        rows._append(i, prompt, completion, mask, logprobs, turns)
+    return rows
+
+
+def _turn_rows(trajectories: Sequence[Trajectory], pad_to_multiple: int, pad_token_id: int) -> Rows:
+    rows = Rows()
+    for i, trajectory in enumerate(trajectories):
+        for t, turn in enumerate(trajectory.turns):
+            n = len(turn.response_ids)
+            rows._append(i, turn.prompt_ids, turn.response_ids, [1] * n, turn.logprobs, [t] * n)
+    while len(rows) == 0 or len(rows) % max(pad_to_multiple, 1):
+        rows._append(NOT_POLICY, [pad_token_id], [pad_token_id], [0], [0.0], [NOT_POLICY])
+    return rows

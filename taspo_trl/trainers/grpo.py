@@ -1,0 +1,359 @@
+"""GRPO for multi-turn agents: TRL's ``GRPOTrainer`` with the batched agent loop and Eq. 7's loss balancing.
+
+This is the paper's GRPO baseline and the base of ``TASPOTrainer`` / ``AlignOPSDTrainer``: those override
+only ``turn_weights`` (how a trajectory's outcome advantage is spread over its turns).
+
+One training step, top to bottom (``_generate_and_score_completions``):
+1. play one episode per dataset row with the batched agent loop (K consecutive rows = one task group);
+2. score each trajectory with the reward functions (default: the environment's verified reward);
+3. group-relative outcome advantages A_i over the rewards gathered from all processes (Sec. 3.1);
+4. per-turn weights w_it from the credit method (GRPO: all ones);
+5. lay trajectories out as training rows, give every policy token of turn t the advantage A_i w_it and the
+   Eq. 7 balancing weight 1 / (T_i |R_it|), which enters TRL's ``dapo`` loss as a fractional token mask;
+6. log-probs of the rollout snapshot / reference where TRL's loss needs them, metrics, and the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import use_adapter
+from trl.trainer.utils import pad
+
+from ..credit.grpo import grpo_outcome_advantages
+from ..credit.normalization import turn_balanced_token_weights
+from ..envs import EnvFactory, PromptTemplate, get_env_factory
+from ..rollout.chat import ChatFormat
+from ..rollout.env_pool import EnvPool
+from ..rollout.generation import generator_for_trainer
+from ..rollout.layouts import Rows, build_rows
+from ..rollout.loop import LAYOUTS, run_agent_loop, task_spec_from_row
+from ..rollout.records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentGRPOConfig(GRPOConfig):
+    r"""Configuration of [`AgentGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the agent settings below.
+
+    Parameters:
+        environment (`str`, defaults to `"alfworld"`):
+            Registered environment name (`taspo_trl.envs.register_env` adds yours). Ignored when the trainer
+            gets an `env_factory`.
+        layout (`str`, defaults to `"turn"`):
+            Training-row layout: `"turn"` (one row per turn, prompt = task + last `history_window` steps; the
+            paper's protocol for ALFWorld and WebShop) or `"sequence"` (one row per trajectory, exact history).
+        max_turns (`int` or `None`, defaults to `None`):
+            Cap on turns per episode; `None` keeps the environment's own limit (ALFWorld 50, WebShop 15,
+            Search-QA 4; paper Table C.2).
+        history_window (`int`, defaults to `3`):
+            Number of recent (observation, action) pairs in a `turn`-layout prompt.
+        max_prompt_tokens (`int`, defaults to `2048`):
+            A trajectory whose next prompt would be longer ends there, marked truncated (Table C.2: 2,048 for
+            ALFWorld, 4,096 for WebShop and Search-QA).
+        env_workers (`int`, defaults to `0`):
+            Worker processes stepping environments; 0 runs them in the training process.
+        invalid_action_penalty (`float`, defaults to `0.0`):
+            Subtracted from a trajectory's reward once per turn whose response had no valid action block.
+        turn_balanced_loss (`bool`, defaults to `True`):
+            Eq. 7: average the token loss within each turn, then over the trajectory's $T_i$ turns, then over the
+            $B$ trajectories. Implemented as token weights $1/(T_i |\mathcal{R}_{it}|)$ on TRL's `"dapo"` loss,
+            whose normalizer then equals the number of trajectories; requires `loss_type="dapo"`. A.3 keeps it
+            active for every method, so GRPO, TASPO and AlignOPSD share the same normalisation.
+        advantage_epsilon (`float`, defaults to `1e-4`):
+            $\delta$ in $A_i = (R_i - \mu)/(\sigma + \delta)$ (Sec. 3.1).
+        rollout_batch_size (`int` or `None`, defaults to `None`):
+            Sequences per `generate` call on the transformers backend; `None` = every live trajectory at once.
+    """
+
+    environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
+    layout: str = field(default="turn", metadata={"help": "Row layout: 'turn' or 'sequence'."})
+    max_turns: int | None = field(default=None, metadata={"help": "Turn cap per episode (None: environment's)."})
+    history_window: int = field(default=3, metadata={"help": "Recent steps shown in a turn-layout prompt."})
+    max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest prompt before a trajectory is cut."})
+    env_workers: int = field(default=0, metadata={"help": "Environment worker processes (0: in-process)."})
+    invalid_action_penalty: float = field(default=0.0, metadata={"help": "Reward penalty per invalid turn."})
+    turn_balanced_loss: bool = field(default=True, metadata={"help": "Eq. 7 turn-balanced loss normalisation."})
+    advantage_epsilon: float = field(default=1e-4, metadata={"help": "delta in the GRPO advantage (Sec. 3.1)."})
+    rollout_batch_size: int | None = field(default=None, metadata={"help": "Sequences per generate call."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
+        if self.turn_balanced_loss and self.loss_type != "dapo":
+            raise ValueError(
+                f"turn_balanced_loss=True (Eq. 7) needs loss_type='dapo', got {self.loss_type!r}. "
+                "Set loss_type: dapo, or turn_balanced_loss: false to use TRL's own normalisation."
+            )
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(f"scale_rewards must be 'group' or 'none' for agent training, got {self.scale_rewards!r}.")
+        if self.use_vllm:
+            _check_vllm_available()
+
+
+def _check_vllm_available() -> None:
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "use_vllm=True needs a CUDA GPU; this machine has none. Set use_vllm: false to generate with "
+            "transformers (the default backend, which runs on CPU)."
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError("use_vllm=True needs the vllm package: pip install 'taspo-trl[vllm]'.")
+
+
+def environment_reward(completions: list, env_reward: list[float], **kwargs: Any) -> list[float]:
+    """The environment's verified terminal reward (default reward function of the agent trainers)."""
+    return [float(r) for r in env_reward]
+
+
+class AgentGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` for multi-turn agents; called exactly like it, plus an optional `env_factory`.
+
+    Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
+    environment's `task_spec_rows`), so the same dataset also works with TRL's `rollout_func` path.
+    """
+
+    _tag_names = ["trl", "grpo", "taspo-trl", "agent"]
+    _name = "Agent GRPO"
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: AgentGRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        env_factory: EnvFactory | None = None,
+        prompt_template: PromptTemplate | None = None,
+        **kwargs: Any,
+    ):
+        if args is None:
+            raise ValueError("Pass args=AgentGRPOConfig(...) (or TASPOConfig / AlignOPSDConfig).")
+        if not isinstance(args, AgentGRPOConfig):
+            raise TypeError(f"args must be an AgentGRPOConfig (or a subclass), got {type(args).__name__}.")
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs if reward_funcs is not None else [environment_reward],
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            **kwargs,
+        )
+        self.chat = ChatFormat(self.processing_class)
+        self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
+        self.env_factory = env_factory or get_env_factory(args.environment)
+        self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers)
+        self._last_trajectories: list[Trajectory] = []
+
+    # ---- the credit hook -------------------------------------------------------------------------------
+
+    def turn_weights(
+        self, trajectories: list[Trajectory], advantages: torch.Tensor
+    ) -> list[list[float | list[float]]]:
+        """Per-turn advantage weights w_it (GRPO: 1 for every turn). Subclasses implement their method here.
+
+        An entry may be a list with one weight per response token (token-level allocation ablations).
+        """
+        return [[1.0] * t.num_turns for t in trajectories]
+
+    # ---- one step ----------------------------------------------------------------------------------------
+
+    def _any_process_live(self, local_live: bool) -> bool:
+        flag = torch.tensor([1.0 if local_live else 0.0], device=self.accelerator.device)
+        return bool(self.accelerator.gather(flag).sum().item() > 0)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        args = self.args
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+
+        # 1. Rollouts: one episode per row; the K siblings of a task are consecutive rows.
+        started = time.perf_counter()
+        specs = [task_spec_from_row(row) for row in inputs]
+        multi_process = self.accelerator.num_processes > 1
+        trajectories = run_agent_loop(
+            specs,
+            self.env_pool,
+            generator_for_trainer(self, batch_size=args.rollout_batch_size),
+            self.chat,
+            layout=args.layout,
+            template=self.prompt_template,
+            max_turns=args.max_turns,
+            max_prompt_tokens=args.max_prompt_tokens,
+            group_size=num_generations,
+            invalid_action_penalty=args.invalid_action_penalty,
+            any_process_live=self._any_process_live if (multi_process and self.use_vllm) else None,
+        )
+        rollout_seconds = time.perf_counter() - started
+        self._last_trajectories = trajectories
+
+        # 2. Rewards through TRL's reward functions; they see the trajectory's fields as keyword arguments.
+        for row, trajectory in zip(inputs, trajectories, strict=True):
+            row.update(
+                env_reward=trajectory.reward,
+                won=trajectory.won,
+                task_type=trajectory.task_type,
+                num_turns=trajectory.num_turns,
+            )
+        prompts = [row["prompt"] for row in inputs]
+        completions = [t.turns[-1].response_text if t.turns else "" for t in trajectories]
+        completion_ids = [t.turns[-1].response_ids if t.turns else [] for t in trajectories]
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
+        rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+
+        # 3. Outcome advantages over all processes' rewards, then this process's slice.
+        all_advantages = grpo_outcome_advantages(
+            rewards, num_generations, delta=args.advantage_epsilon, scale=self.scale_rewards != "none"
+        )
+        start = self.accelerator.process_index * len(inputs)
+        advantages = all_advantages[start : start + len(inputs)].cpu()
+
+        # 4. Method credit: per-turn weights.
+        weights = self.turn_weights(trajectories, advantages)
+
+        # 5. Rows, per-token advantages and Eq. 7 balancing weights.
+        pad_to = args.steps_per_generation if mode == "train" else 1
+        rows = build_rows(trajectories, args.layout, pad_to_multiple=pad_to, pad_token_id=self._tokenizer.pad_token_id)
+        per_turn_advantage = [
+            [_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))
+        ]
+        token_advantages = rows.spread(per_turn_advantage)
+        if args.turn_balanced_loss:
+            balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
+        else:
+            balance = [[float(m) for m in mask] for mask in rows.env_mask]
+        batch = self._batch_from_rows(rows, token_advantages, balance, mode)
+
+        self._log_agent_metrics(trajectories, rows, weights, rollout_seconds, mode)
+        self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
+        self._metrics[mode]["reward_std"].append(_nanstd(rewards))
+        for k, name in enumerate(self.reward_func_names):
+            self._metrics[mode][f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
+        return batch
+
+    def _batch_from_rows(
+        self, rows: Rows, token_advantages: list[list[float]], balance: list[list[float]], mode: str
+    ) -> dict[str, Any]:
+        device = self.accelerator.device
+
+        def right(values, fill, dtype=None):
+            return pad([torch.tensor(v, dtype=dtype) for v in values], padding_value=fill, padding_side="right").to(device)
+
+        prompt_ids = pad(
+            [torch.tensor(p) for p in rows.prompt_ids], padding_value=self._tokenizer.pad_token_id, padding_side="left"
+        ).to(device)
+        prompt_mask = pad(
+            [torch.ones(len(p), dtype=torch.long) for p in rows.prompt_ids], padding_value=0, padding_side="left"
+        ).to(device)
+        completion_ids = right(rows.completion_ids, self._tokenizer.pad_token_id)
+        completion_mask = right([[1] * len(c) for c in rows.completion_ids], 0)
+        tool_mask = right(balance, 0.0, torch.float32)
+        advantages = right(token_advantages, 0.0, torch.float32)
+        sampling_logps = right(rows.logprobs, 0.0, torch.float32)
+        num_items_in_batch = self.accelerator.gather((completion_mask * tool_mask).sum()).sum()
+
+        batch: dict[str, Any] = {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "tool_mask": tool_mask,
+            "advantages": advantages,
+            "num_items_in_batch": num_items_in_batch,
+            "sampling_per_token_logps": sampling_logps,
+        }
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        with torch.no_grad():
+            needs_old = self.args.gradient_accumulation_steps % generate_every != 0 or (
+                self.use_vllm and self.vllm_importance_sampling_correction
+            )
+            if needs_old:
+                batch["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+                )
+            if self.use_vllm and self.vllm_importance_sampling_correction:
+                mask = completion_mask * (tool_mask > 0)
+                diff = torch.nan_to_num((batch["old_per_token_logps"] - sampling_logps) * mask, nan=0.0)
+                batch["importance_sampling_ratio"] = torch.exp(diff).clamp(
+                    max=self.vllm_importance_sampling_clip_max or float("inf")
+                )
+            if self.beta != 0.0:
+                batch["ref_per_token_logps"] = self._reference_logps(input_ids, attention_mask, logits_to_keep, batch_size)
+        return batch
+
+    def _reference_logps(self, input_ids, attention_mask, logits_to_keep, batch_size) -> torch.Tensor:
+        if self.ref_model is not None:
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )
+            return logps
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
+            )
+        return logps
+
+    def _log_agent_metrics(
+        self, trajectories: list[Trajectory], rows: Rows, weights: list, rollout_seconds: float, mode: str
+    ) -> None:
+        local = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.error is not None) for t in trajectories]
+        everything = gather_object(local)
+        invalid = [sum(not turn.action_valid for turn in t.turns) for t in trajectories]
+        turns = [t.num_turns for t in trajectories]
+        gathered = gather_object([(sum(invalid), sum(turns))])
+        metrics = self._metrics[mode]
+        by_family: dict[str, list[bool]] = defaultdict(list)
+        for family, won, *_ in everything:
+            by_family[family].append(won)
+        for family, wins in sorted(by_family.items()):
+            metrics[f"success/{family}"].append(sum(wins) / len(wins))
+        metrics["success/all"].append(sum(w for _, w, *_ in everything) / max(len(everything), 1))
+        metrics["env/turns_mean"].append(sum(n for _, _, n, _, _ in everything) / max(len(everything), 1))
+        metrics["env/truncated_rate"].append(sum(tr for *_, tr, _ in everything) / max(len(everything), 1))
+        metrics["env/error_rate"].append(sum(e for *_, e in everything) / max(len(everything), 1))
+        total_invalid, total_turns = map(sum, zip(*gathered))
+        metrics["env/invalid_action_rate"].append(total_invalid / max(total_turns, 1))
+        metrics["env/rollout_seconds"].append(rollout_seconds)
+        metrics["rows/count"].append(float(len(rows)))
+        flat = [w for traj in weights for turn in traj for w in (turn if isinstance(turn, list) else [turn])]
+        if flat:
+            metrics["credit/weight_min"].append(min(flat))
+            metrics["credit/weight_max"].append(max(flat))
+
+    def close(self) -> None:
+        self.env_pool.shutdown()
+
+
+def _turn_lengths(trajectory: Trajectory) -> list[int]:
+    return [len(turn.response_ids) for turn in trajectory.turns]
+
+
+def _scale(weight: float | list[float], advantage: float) -> float | list[float]:
+    if isinstance(weight, list):
+        return [advantage * w for w in weight]
+    return advantage * weight
+
+
+def _nanstd(values: torch.Tensor) -> float:
+    finite = values[~torch.isnan(values)]
+    return finite.std().item() if finite.numel() > 1 else 0.0

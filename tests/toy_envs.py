@@ -1,0 +1,67 @@
+"""Small deterministic environments for testing the agent loop's mechanics (the real ALFWorld engine is
+exercised in the ALFWorld tests and the end-to-end runs)."""
+
+from __future__ import annotations
+
+from taspo_trl.envs.base import StepResult
+
+
+class LockerEnv:
+    """Five lockers, one holds the key: open the right one to win. Unknown commands: 'Nothing happens.'"""
+
+    action_tag = "action"
+    env_name = "lockers"
+
+    def __init__(self, target: int = 3, max_turns: int = 4, crash_on: str | None = None):
+        self.target = target
+        self.max_turns = max_turns
+        self.crash_on = crash_on
+        self.steps = 0
+
+    @property
+    def task(self) -> str:
+        return "find the key in one of the lockers"
+
+    @property
+    def admissible_commands(self) -> list[str]:
+        return [f"open locker {n}" for n in range(1, 6)]
+
+    def reset(self) -> str:
+        self.steps = 0
+        return "You are in a locker room. There are 5 lockers."
+
+    def step(self, action: str) -> StepResult:
+        if self.crash_on is not None and action == self.crash_on:
+            raise RuntimeError("simulated environment crash")
+        self.steps += 1
+        if action == f"open locker {self.target}":
+            return StepResult("You find the key!", 1.0, True, {"won": True, "admissible_commands": []})
+        text = "The locker is empty." if action in self.admissible_commands else "Nothing happens."
+        return StepResult(text, 0.0, False, {"won": False, "admissible_commands": self.admissible_commands})
+
+    def close(self) -> None:
+        pass
+
+
+def locker_factory(spec: dict) -> LockerEnv:
+    return LockerEnv(int(spec.get("target", 3)), int(spec.get("max_turns", 4)), spec.get("crash_on"))
+
+
+class ScriptedGenerator:
+    """Answers every prompt with the next scripted response text (tokenized), for loop-mechanics tests."""
+
+    def __init__(self, tokenizer, responses: list[str]):
+        self.tokenizer = tokenizer
+        self.responses = responses
+        self.calls: list[int] = []
+
+    def __call__(self, prompts):
+        from taspo_trl.rollout.generation import Generation
+
+        self.calls.append(len(prompts))
+        out = []
+        for _ in prompts:
+            text = self.responses[min(len(self.calls) - 1, len(self.responses) - 1)]
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, [-1.0] * len(ids), True))
+        return out
