@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..models import require_chat_template
+
 _USER = "\x00TASPO_USER\x00"
 _ASSISTANT = "\x00TASPO_ASSISTANT\x00"
 
@@ -19,12 +21,7 @@ class ChatFormat:
     """Renders first prompts and between-turn continuations with a tokenizer's chat template."""
 
     def __init__(self, tokenizer: Any, system_prompt: str | None = None):
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                f"The tokenizer of {getattr(tokenizer, 'name_or_path', 'this model')!r} has no chat template. "
-                "Use an instruct/chat model (e.g. Qwen/Qwen2.5-3B-Instruct or the embedded "
-                "'embedded:smollm2-135m-instruct'), or set `tokenizer.chat_template` before training."
-            )
+        require_chat_template(tokenizer, getattr(tokenizer, "name_or_path", "this model"))
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         head = self._messages(_USER)

