@@ -68,6 +68,29 @@ class Rows:
         return out
 
 
+    def collect(self, values: Sequence[Sequence[float]]) -> dict[tuple[int, int], list[float]]:
+        """The inverse of ``spread``: per-token row values (e.g. log-probs) regrouped per (trajectory, turn),
+        in response-token order. Rows may be a subset of this layout's rows (``row_index`` order)."""
+        out: dict[tuple[int, int], list[float]] = {}
+        for traj, turns, row_values in zip(self.row_trajectory, self.token_turn, values, strict=True):
+            if traj == NOT_POLICY:
+                continue
+            for turn, value in zip(turns, row_values):
+                if turn != NOT_POLICY:
+                    out.setdefault((traj, turn), []).append(float(value))
+        return out
+
+    def select(self, keep: Sequence[int]) -> "Rows":
+        """A new ``Rows`` with only the rows at indices ``keep`` (in that order)."""
+        sub = Rows()
+        for r in keep:
+            sub._append(
+                self.row_trajectory[r], self.prompt_ids[r], self.completion_ids[r], self.env_mask[r],
+                self.logprobs[r], self.token_turn[r],
+            )
+        return sub
+
+
 def build_rows(
     trajectories: Sequence[Trajectory], layout: str, pad_to_multiple: int = 1, pad_token_id: int = 0
 ) -> Rows:

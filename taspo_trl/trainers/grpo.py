@@ -161,11 +161,13 @@ class AgentGRPOTrainer(GRPOTrainer):
     # ---- the credit hook -------------------------------------------------------------------------------
 
     def turn_weights(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor
+        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
     ) -> list[list[float | list[float]]]:
         """Per-turn advantage weights w_it (GRPO: 1 for every turn). Subclasses implement their method here.
 
-        An entry may be a list with one weight per response token (token-level allocation ablations).
+        ``rows``/``batch`` are this process's training rows and tensors (incl. ``sampling_per_token_logps`` and,
+        when TRL computed them, ``old_per_token_logps``). An entry may be a list with one weight per response
+        token (token-level allocation ablations).
         """
         return [[1.0] * t.num_turns for t in trajectories]
 
@@ -223,21 +225,22 @@ class AgentGRPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * len(inputs)
         advantages = all_advantages[start : start + len(inputs)].cpu()
 
-        # 4. Method credit: per-turn weights.
-        weights = self.turn_weights(trajectories, advantages)
-
-        # 5. Rows, per-token advantages and Eq. 7 balancing weights.
+        # 4. Rows in the configured layout, with the tensors TRL's loss needs (log-probs of the snapshot/reference).
         pad_to = args.steps_per_generation if mode == "train" else 1
         rows = build_rows(trajectories, args.layout, pad_to_multiple=pad_to, pad_token_id=self._tokenizer.pad_token_id)
-        per_turn_advantage = [
-            [_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))
-        ]
-        token_advantages = rows.spread(per_turn_advantage)
+        batch = self._batch_from_rows(rows, mode)
+
+        # 5. Method credit: per-turn weights w_it, then every policy token of turn t gets A_i * w_it and the
+        #    Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
+        weights = self.turn_weights(trajectories, advantages, rows, batch)
+        per_turn_advantage = [[_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))]
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
         else:
             balance = [[float(m) for m in mask] for mask in rows.env_mask]
-        batch = self._batch_from_rows(rows, token_advantages, balance, mode)
+        batch["advantages"] = _pad_right(rows.spread(per_turn_advantage), 0.0, device, torch.float32)
+        batch["tool_mask"] = _pad_right(balance, 0.0, device, torch.float32)
+        batch["num_items_in_batch"] = self.accelerator.gather((batch["completion_mask"] * batch["tool_mask"]).sum()).sum()
 
         self._log_agent_metrics(trajectories, rows, weights, rollout_seconds, mode)
         self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
@@ -246,13 +249,9 @@ class AgentGRPOTrainer(GRPOTrainer):
             self._metrics[mode][f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
         return batch
 
-    def _batch_from_rows(
-        self, rows: Rows, token_advantages: list[list[float]], balance: list[list[float]], mode: str
-    ) -> dict[str, Any]:
+    def _batch_from_rows(self, rows: Rows, mode: str) -> dict[str, Any]:
+        """Padded tensors of the rows and the log-probs TRL's loss needs; advantages and masks come after credit."""
         device = self.accelerator.device
-
-        def right(values, fill, dtype=None):
-            return pad([torch.tensor(v, dtype=dtype) for v in values], padding_value=fill, padding_side="right").to(device)
 
         prompt_ids = pad(
             [torch.tensor(p) for p in rows.prompt_ids], padding_value=self._tokenizer.pad_token_id, padding_side="left"
@@ -260,21 +259,15 @@ class AgentGRPOTrainer(GRPOTrainer):
         prompt_mask = pad(
             [torch.ones(len(p), dtype=torch.long) for p in rows.prompt_ids], padding_value=0, padding_side="left"
         ).to(device)
-        completion_ids = right(rows.completion_ids, self._tokenizer.pad_token_id)
-        completion_mask = right([[1] * len(c) for c in rows.completion_ids], 0)
-        tool_mask = right(balance, 0.0, torch.float32)
-        advantages = right(token_advantages, 0.0, torch.float32)
-        sampling_logps = right(rows.logprobs, 0.0, torch.float32)
-        num_items_in_batch = self.accelerator.gather((completion_mask * tool_mask).sum()).sum()
-
+        completion_ids = _pad_right(rows.completion_ids, self._tokenizer.pad_token_id, device)
+        completion_mask = _pad_right([[1] * len(c) for c in rows.completion_ids], 0, device)
+        env_mask = _pad_right(rows.env_mask, 0, device, torch.float32)
+        sampling_logps = _pad_right(rows.logprobs, 0.0, device, torch.float32)
         batch: dict[str, Any] = {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "completion_ids": completion_ids,
             "completion_mask": completion_mask,
-            "tool_mask": tool_mask,
-            "advantages": advantages,
-            "num_items_in_batch": num_items_in_batch,
             "sampling_per_token_logps": sampling_logps,
         }
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -291,7 +284,7 @@ class AgentGRPOTrainer(GRPOTrainer):
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
                 )
             if self.use_vllm and self.vllm_importance_sampling_correction:
-                mask = completion_mask * (tool_mask > 0)
+                mask = completion_mask * env_mask
                 diff = torch.nan_to_num((batch["old_per_token_logps"] - sampling_logps) * mask, nan=0.0)
                 batch["importance_sampling_ratio"] = torch.exp(diff).clamp(
                     max=self.vllm_importance_sampling_clip_max or float("inf")
@@ -342,6 +335,10 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+def _pad_right(values: list[list[float]] | list[list[int]], fill: float, device: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return pad([torch.tensor(v, dtype=dtype) for v in values], padding_value=fill, padding_side="right").to(device)
 
 
 def _turn_lengths(trajectory: Trajectory) -> list[int]:
