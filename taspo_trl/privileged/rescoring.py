@@ -48,19 +48,23 @@ def privileged_token_shifts(
     logprob_fn: LogProbFn,
     plain_logprobs: Sequence[Sequence[float]],
     pad_token_id: int,
+    min_rows: int = 0,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """Eq. 3 shifts Delta_itk over each rescored turn's ACTION span, keyed by (trajectory, turn).
 
     ``plain_logprobs`` are per-token log pi_old(y | h) aligned with ``rows.completion_ids``. Turns whose action
     span is empty are left out (they are not scorable); non-finite values are kept so the scorer can reject them.
+    ``min_rows`` pads the pass with empty rows so every process runs the same number of forward passes.
     """
     sub, keep = privileged_rows(rows, trajectories, pi_texts, chat)
-    if not keep:
+    while len(sub) < min_rows:
+        sub.append_padding(pad_token_id)
+    if len(sub) == 0:
         return {}
     prompts = [torch.tensor(p) for p in sub.prompt_ids]
     completions = [torch.tensor(c) for c in sub.completion_ids]
     width_p, width_c = max(len(p) for p in prompts), max(len(c) for c in completions)
-    input_ids = torch.full((len(keep), width_p + width_c), pad_token_id, dtype=torch.long)
+    input_ids = torch.full((len(sub), width_p + width_c), pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
     for k, (p, c) in enumerate(zip(prompts, completions)):
         input_ids[k, width_p - len(p) : width_p] = p
@@ -73,7 +77,7 @@ def privileged_token_shifts(
         n = len(sub.completion_ids[k])
         plain = torch.as_tensor(plain_logprobs[r][:n], dtype=torch.float32)
         shifts_by_row.append((privileged[k, :n] - plain).tolist())
-    per_turn = sub.collect(shifts_by_row)
+    per_turn = sub.select(range(len(keep))).collect(shifts_by_row)
     out = {}
     for (traj, turn), shifts in per_turn.items():
         start, end = trajectories[traj].turns[turn].action_span

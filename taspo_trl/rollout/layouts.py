@@ -43,6 +43,10 @@ class Rows:
         self.token_turn.append(list(turns))
         self.row_trajectory.append(trajectory)
 
+    def append_padding(self, pad_token_id: int) -> None:
+        """An empty row: one pad token, fully masked, belonging to no trajectory."""
+        self._append(NOT_POLICY, [pad_token_id], [pad_token_id], [0], [0.0], [NOT_POLICY])
+
     def spread(self, per_turn: Sequence[Sequence[float | Sequence[float]]], fill: float = 0.0) -> list[list[float]]:
         """Per-token values from per-turn ones.
 
@@ -92,12 +96,21 @@ class Rows:
 
 
 def build_rows(
-    trajectories: Sequence[Trajectory], layout: str, pad_to_multiple: int = 1, pad_token_id: int = 0
+    trajectories: Sequence[Trajectory],
+    layout: str,
+    pad_to_multiple: int = 1,
+    min_rows: int = 0,
+    pad_token_id: int = 0,
 ) -> Rows:
+    """Rows of ``trajectories`` in ``layout``; ``turn`` rows are padded to at least ``min_rows`` rows and to a
+    multiple of ``pad_to_multiple`` with empty, fully masked rows."""
     if layout == "sequence":
         return _sequence_rows(trajectories, pad_token_id)
     if layout == "turn":
-        return _turn_rows(trajectories, pad_to_multiple, pad_token_id)
+        rows = _turn_rows(trajectories)
+        while len(rows) < max(min_rows, 1) or len(rows) % max(pad_to_multiple, 1):
+            rows.append_padding(pad_token_id)
+        return rows
     raise ValueError(f"Unknown layout {layout!r}: use 'turn' or 'sequence'.")
 
 
@@ -131,12 +144,10 @@ def _sequence_rows(trajectories: Sequence[Trajectory], pad_token_id: int) -> Row
     return rows
 
 
-def _turn_rows(trajectories: Sequence[Trajectory], pad_to_multiple: int, pad_token_id: int) -> Rows:
+def _turn_rows(trajectories: Sequence[Trajectory]) -> Rows:
     rows = Rows()
     for i, trajectory in enumerate(trajectories):
         for t, turn in enumerate(trajectory.turns):
             n = len(turn.response_ids)
             rows._append(i, turn.prompt_ids, turn.response_ids, [1] * n, turn.logprobs, [t] * n)
-    while len(rows) == 0 or len(rows) % max(pad_to_multiple, 1):
-        rows._append(NOT_POLICY, [pad_token_id], [pad_token_id], [0], [0.0], [NOT_POLICY])
     return rows

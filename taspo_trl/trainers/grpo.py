@@ -173,6 +173,13 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     # ---- one step ----------------------------------------------------------------------------------------
 
+    def _max_over_processes(self, value: int) -> int:
+        """Processes must run the same number of forward passes (DeepSpeed ZeRO-3 gathers weights collectively),
+        so per-process row counts that differ (``turn`` layout) are padded to the largest."""
+        if self.accelerator.num_processes == 1:
+            return value
+        return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).max().item())
+
     def _any_process_live(self, local_live: bool) -> bool:
         flag = torch.tensor([1.0 if local_live else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(flag).sum().item() > 0)
@@ -226,8 +233,13 @@ class AgentGRPOTrainer(GRPOTrainer):
         advantages = all_advantages[start : start + len(inputs)].cpu()
 
         # 4. Rows in the configured layout, with the tensors TRL's loss needs (log-probs of the snapshot/reference).
-        pad_to = args.steps_per_generation if mode == "train" else 1
-        rows = build_rows(trajectories, args.layout, pad_to_multiple=pad_to, pad_token_id=self._tokenizer.pad_token_id)
+        rows = build_rows(
+            trajectories,
+            args.layout,
+            pad_to_multiple=args.steps_per_generation if mode == "train" else 1,
+            min_rows=self._max_over_processes(sum(t.num_turns for t in trajectories)) if args.layout == "turn" else 0,
+            pad_token_id=self._tokenizer.pad_token_id,
+        )
         batch = self._batch_from_rows(rows, mode)
 
         # 5. Method credit: per-turn weights w_it, then every policy token of turn t gets A_i * w_it and the
