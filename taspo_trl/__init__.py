@@ -1,8 +1,27 @@
-"""taspo-trl: TASPO and AlignOPSD credit assignment for multi-turn LLM agents, as a plugin for Hugging Face TRL."""
+"""taspo-trl: TASPO and AlignOPSD credit assignment for multi-turn LLM agents, as a plugin for Hugging Face TRL.
 
-from .rollout import encode_task_prompt, make_rollout_func
-from .trainers import AgentGRPOConfig, AgentGRPOTrainer, environment_reward
+Names are imported lazily so light entry points (``taspo-alfworld``) don't pay for importing TRL and torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["AgentGRPOConfig", "AgentGRPOTrainer", "encode_task_prompt", "environment_reward", "make_rollout_func"]
+_EXPORTS = {
+    "AgentGRPOConfig": "taspo_trl.trainers.grpo",
+    "AgentGRPOTrainer": "taspo_trl.trainers.grpo",
+    "environment_reward": "taspo_trl.trainers.grpo",
+    "encode_task_prompt": "taspo_trl.rollout.loop",
+    "make_rollout_func": "taspo_trl.rollout.trl_rollout",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'taspo_trl' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

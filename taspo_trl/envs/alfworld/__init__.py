@@ -1,0 +1,16 @@
+"""Embedded ALFWorld: a generator of ``game.tw-pddl`` problems for the six task families and an adapter that
+plays any ALFWorld game on the real TextWorld/ALFWorld engine. ``alfworld`` and ``textworld`` are optional
+(``pip install "taspo-trl[alfworld]"``) and imported only when a game is generated or played."""
+
+from taspo_trl.envs.alfworld.env import ALFWorldEnv, alfworld_env_factory, task_spec_rows
+from taspo_trl.envs.alfworld.generator import TASK_SHORT_NAMES, TASK_TYPES, find_game_files, generate_games
+
+__all__ = [
+    "TASK_SHORT_NAMES",
+    "TASK_TYPES",
+    "ALFWorldEnv",
+    "alfworld_env_factory",
+    "find_game_files",
+    "generate_games",
+    "task_spec_rows",
+]
