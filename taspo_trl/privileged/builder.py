@@ -1,0 +1,359 @@
+"""Per-group PI construction: P_i = Compose(Align(E_{x,-i}, x, H_i)) (Section 3.2, Eq. 2; Algorithm 1 lines 5-9).
+
+For each task group (K sibling rollouts): one extraction over the verified successes, then for every target
+(successful ones too) exclusion of items only it supports, one alignment call on its full recorded history,
+validation, and composition. A group without a verified success gets no PI (Algorithm 1: GRPO fallback).
+Any analyzer failure (error, timeout, unparsable or rejected answer) only empties the PI it concerned: it is
+logged and counted, never raised.
+
+Table 2's PI-source ablations share the same composition and budget:
+  ``aligned``          the full pipeline above (TASPO);
+  ``nearest_success``  the successful sibling whose actions overlap the target's most (Jaccard similarity of
+                       the sets of lower-cased action words; ties go to the lowest index), rendered step by step;
+  ``random_success``   a successful sibling drawn with a seeded RNG (seed, group, target), rendered alike;
+  ``generic_skill``    the caller's task-type skill text, ``skill_lookup(task, task_type) -> str``.
+The trajectory sources never use the target itself (as exclusion does for ``aligned``); the generic skill
+needs no success, since it does not come from the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from .analyzers import Analyzer
+from .protocol import (
+    DEFAULT_CHAR_BUDGET,
+    DEFAULT_MAX_ITEMS,
+    DEFAULT_MAX_STATEMENTS,
+    DEFAULT_PI_TOKENS,
+    AlignedStatement,
+    AnalyzerResponseError,
+    EvidenceItem,
+    TokenizerLike,
+    alignment_messages,
+    alignment_payload,
+    clip_middle,
+    compose_pi,
+    exclude_target_only,
+    extraction_messages,
+    extraction_payload,
+    normalize_whitespace,
+    parse_json_object,
+    validate_alignment,
+    validate_extraction,
+)
+
+if TYPE_CHECKING:
+    from taspo_trl.rollout.records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+PI_SOURCES = ("aligned", "nearest_success", "random_success", "generic_skill")
+SkillLookup = Callable[[str, "str | None"], str]
+_RENDERED_OBSERVATION_CHARS = 100
+
+
+@dataclass
+class PIStats:
+    """Counters of one PI construction (a group or a merged batch); ``coverage`` = share of trajectories with PI."""
+
+    trajectories: int = 0
+    with_pi: int = 0
+    groups: int = 0
+    analyzer_calls: int = 0
+    analyzer_errors: int = 0
+    analyzer_seconds: float = 0.0
+    cache_hits: int = 0
+    accepted_items: int = 0
+    aligned_statements: int = 0
+    rejections: Counter = field(default_factory=Counter)
+    """Rejected responses, items and statements, by reason (``analyzer_error``, ``duplicate_id``, ...)."""
+    fallbacks: Counter = field(default_factory=Counter)
+    """Trajectories left without PI, by reason (``no_success``, ``extraction_failed``, ...)."""
+
+    @property
+    def coverage(self) -> float:
+        return self.with_pi / self.trajectories if self.trajectories else 0.0
+
+    def merge(self, other: PIStats) -> PIStats:
+        """A new PIStats adding ``other``'s counts to this one's."""
+        merged = PIStats()
+        for f in fields(self):
+            setattr(merged, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return merged
+
+    def as_metrics(self, prefix: str = "pi/") -> dict[str, float]:
+        """Flat numbers for a trainer's metric log."""
+        metrics = {
+            f"{prefix}{f.name}": float(getattr(self, f.name))
+            for f in fields(self)
+            if f.name not in ("rejections", "fallbacks")
+        }
+        metrics[f"{prefix}coverage"] = self.coverage
+        metrics.update({f"{prefix}rejected/{k}": float(v) for k, v in sorted(self.rejections.items())})
+        metrics.update({f"{prefix}fallback/{k}": float(v) for k, v in sorted(self.fallbacks.items())})
+        return metrics
+
+
+@dataclass
+class GroupPI:
+    """The PI of one task group: one text per trajectory ("" = no PI), what it was built from, and counters."""
+
+    texts: list[str]
+    items: list[EvidenceItem]
+    """Validated extracted items E_x (``aligned`` source only)."""
+    statements: list[list[AlignedStatement]]
+    """Accepted aligned statements per target, before composition (``aligned`` source only)."""
+    stats: PIStats
+
+
+@dataclass(frozen=True)
+class _Settings:
+    source: str
+    tokenizer: Any
+    char_budget: int
+    max_items: int
+    max_statements: int
+    token_budget: int
+    skill_lookup: SkillLookup | None
+    seed: int
+
+    def check(self, analyzer: Analyzer | None) -> None:
+        if self.source not in PI_SOURCES:
+            raise ValueError(f"unknown PI source {self.source!r}; choose one of {', '.join(PI_SOURCES)}")
+        if self.source == "aligned" and analyzer is None:
+            raise ValueError("the 'aligned' PI source needs an analyzer (e.g. RuleBasedAnalyzer())")
+        if self.source == "generic_skill" and self.skill_lookup is None:
+            raise ValueError("the 'generic_skill' PI source needs skill_lookup(task, task_type) -> str")
+
+
+def build_group_pi(
+    trajectories: Sequence[Trajectory],
+    analyzer: Analyzer | None,
+    tokenizer: TokenizerLike,
+    source: str = "aligned",
+    *,
+    char_budget: int = DEFAULT_CHAR_BUDGET,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_statements: int = DEFAULT_MAX_STATEMENTS,
+    token_budget: int = DEFAULT_PI_TOKENS,
+    skill_lookup: SkillLookup | None = None,
+    seed: int = 0,
+) -> GroupPI:
+    """The PI of every trajectory of one task group (the K siblings), in input order (Eq. 2, Table 2 sources)."""
+    settings = _Settings(source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed)
+    settings.check(analyzer)
+    hits_before = getattr(analyzer, "cache_hits", 0)
+    result = _build_groups([list(trajectories)], analyzer, settings)[0]
+    result.stats.cache_hits = getattr(analyzer, "cache_hits", 0) - hits_before
+    return result
+
+
+def build_batch_pi(
+    trajectories: Sequence[Trajectory],
+    group_size: int,
+    analyzer: Analyzer | None,
+    tokenizer: TokenizerLike,
+    source: str = "aligned",
+    *,
+    char_budget: int = DEFAULT_CHAR_BUDGET,
+    max_items: int = DEFAULT_MAX_ITEMS,
+    max_statements: int = DEFAULT_MAX_STATEMENTS,
+    token_budget: int = DEFAULT_PI_TOKENS,
+    skill_lookup: SkillLookup | None = None,
+    seed: int = 0,
+) -> tuple[list[str], PIStats]:
+    """PI for a batch whose groups are consecutive blocks of ``group_size`` siblings (TRL's repeated prompts).
+
+    Analyzer calls of all groups run concurrently on ``analyzer.workers`` threads (all extractions, then all
+    alignments); results are placed by position, so the output depends only on the inputs and the analyzer's
+    answers. Returns one PI string per input trajectory and the merged stats.
+    """
+    settings = _Settings(source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed)
+    settings.check(analyzer)
+    groups = _split_groups(trajectories, group_size)
+    hits_before = getattr(analyzer, "cache_hits", 0)
+    results = _build_groups(groups, analyzer, settings)
+    stats = PIStats()
+    for result in results:
+        stats = stats.merge(result.stats)
+    stats.cache_hits = getattr(analyzer, "cache_hits", 0) - hits_before
+    return [text for result in results for text in result.texts], stats
+
+
+def _split_groups(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
+    if group_size < 1 or len(trajectories) % group_size:
+        raise ValueError(f"{len(trajectories)} trajectories do not split into groups of {group_size}")
+    groups = [list(trajectories[start : start + group_size]) for start in range(0, len(trajectories), group_size)]
+    for index, group in enumerate(groups):
+        if len({t.group for t in group}) > 1:
+            raise ValueError(
+                f"block {index} mixes task groups {sorted({t.group for t in group})}; siblings must be consecutive"
+            )
+    return groups
+
+
+def _build_groups(groups: list[list[Trajectory]], analyzer: Analyzer | None, settings: _Settings) -> list[GroupPI]:
+    if settings.source != "aligned":
+        return [_ablation_group(g, group, settings) for g, group in enumerate(groups)]
+    with ThreadPoolExecutor(max_workers=max(1, getattr(analyzer, "workers", 1))) as pool:
+        extracted = list(pool.map(lambda group: _extract(group, analyzer, settings), groups))
+        jobs = [(g, i) for g, group in enumerate(groups) for i in range(len(group))]
+        aligned = list(
+            pool.map(lambda job: _align(groups[job[0]], job[1], extracted[job[0]], analyzer, settings), jobs)
+        )
+    per_group: list[list[tuple[str, list[AlignedStatement], PIStats]]] = [[] for _ in groups]
+    for (g, _), result in zip(jobs, aligned):
+        per_group[g].append(result)
+    return [_collect(extracted[g], per_group[g]) for g in range(len(groups))]
+
+
+@dataclass
+class _Extraction:
+    items: list[EvidenceItem]
+    failure: str | None
+    stats: PIStats
+
+
+def _call(analyzer: Analyzer, messages: list[dict[str, str]], stats: PIStats, what: str) -> dict[str, Any] | None:
+    """One analyzer request, parsed; any failure is logged, counted in ``stats`` and returned as None."""
+    stats.analyzer_calls += 1
+    start = time.perf_counter()
+    try:
+        text = analyzer.complete(messages)
+    # The trainer must never die on an analyzer: the target just gets no PI.
+    except Exception as error:  # noqa: BLE001
+        stats.analyzer_errors += 1
+        stats.rejections["analyzer_error"] += 1
+        logger.warning("%s: analyzer failed (%s: %s); no PI from it", what, type(error).__name__, error)
+        return None
+    finally:
+        stats.analyzer_seconds += time.perf_counter() - start
+    try:
+        return parse_json_object(text)
+    except AnalyzerResponseError as error:
+        stats.rejections[error.reason] += 1
+        logger.warning("%s: analyzer answer rejected (%s); no PI from it", what, error)
+        return None
+
+
+def _extract(group: list[Trajectory], analyzer: Analyzer, settings: _Settings) -> _Extraction:
+    """E_x from the group's verified successes (Algorithm 1, line 5)."""
+    stats = PIStats(groups=1)
+    successes = {index: t for index, t in enumerate(group) if t.won}
+    if not successes:
+        return _Extraction([], "no_success", stats)
+    payload = extraction_payload(successes, settings.char_budget, settings.max_items)
+    response = _call(analyzer, extraction_messages(payload), stats, f"extraction for task {group[0].task!r}")
+    if response is None:
+        return _Extraction([], "extraction_failed", stats)
+    validated = validate_extraction(response, group, settings.max_items)
+    stats.rejections.update(validated.rejections)
+    stats.accepted_items += len(validated.accepted)
+    return _Extraction(validated.accepted, None if validated.accepted else "no_valid_items", stats)
+
+
+def _align(
+    group: list[Trajectory], target_id: int, extraction: _Extraction, analyzer: Analyzer, settings: _Settings
+) -> tuple[str, list[AlignedStatement], PIStats]:
+    """P_i for one target: exclusion, alignment, validation, composition (Algorithm 1, lines 8-9)."""
+    stats = PIStats(trajectories=1)
+    if extraction.failure:
+        stats.fallbacks[extraction.failure] += 1
+        return "", [], stats
+    allowed = exclude_target_only(extraction.items, target_id)
+    if not allowed:
+        stats.fallbacks["no_items_after_exclusion"] += 1
+        return "", [], stats
+    target = group[target_id]
+    payload = alignment_payload(target_id, target, allowed, settings.char_budget)
+    response = _call(
+        analyzer, alignment_messages(payload), stats, f"alignment of target {target_id} for task {target.task!r}"
+    )
+    if response is None:
+        stats.fallbacks["alignment_failed"] += 1
+        return "", [], stats
+    validated = validate_alignment(response, target_id, target, [item.id for item in allowed])
+    stats.rejections.update(validated.rejections)
+    stats.aligned_statements += len(validated.accepted)
+    text = compose_pi(
+        [s.statement for s in validated.accepted], settings.tokenizer, settings.max_statements, settings.token_budget
+    )
+    _count_outcome(stats, text, "no_aligned_statements")
+    return text, validated.accepted, stats
+
+
+def _collect(extraction: _Extraction, targets: list[tuple[str, list[AlignedStatement], PIStats]]) -> GroupPI:
+    stats = extraction.stats
+    for _, _, target_stats in targets:
+        stats = stats.merge(target_stats)
+    return GroupPI([t[0] for t in targets], extraction.items, [t[1] for t in targets], stats)
+
+
+def _count_outcome(stats: PIStats, text: str, empty_reason: str) -> None:
+    if text:
+        stats.with_pi += 1
+    else:
+        stats.fallbacks[empty_reason] += 1
+
+
+# ----------------------------------------------------------------------------------------------- Table 2 ablations
+
+
+def _ablation_group(group_index: int, group: list[Trajectory], settings: _Settings) -> GroupPI:
+    stats = PIStats(groups=1)
+    texts = []
+    for target_id in range(len(group)):
+        statements, empty_reason = _ablation_statements(group_index, group, target_id, settings)
+        text = compose_pi(statements, settings.tokenizer, None, settings.token_budget)
+        stats.trajectories += 1
+        _count_outcome(stats, text, empty_reason)
+        texts.append(text)
+    return GroupPI(texts, [], [[] for _ in group], stats)
+
+
+def _ablation_statements(
+    group_index: int, group: list[Trajectory], target_id: int, settings: _Settings
+) -> tuple[list[str], str]:
+    """The bullet lines of one ablation source for one target, and the reason to give if there are none."""
+    target = group[target_id]
+    if settings.source == "generic_skill":
+        try:
+            skill = settings.skill_lookup(target.task, target.task_type) or ""
+        except Exception as error:  # noqa: BLE001 - a failing lookup costs this target its PI, not the run
+            logger.warning("skill_lookup failed for task %r (%s: %s); no PI", target.task, type(error).__name__, error)
+            return [], "skill_lookup_failed"
+        return [line.strip().lstrip("-*• ").strip() for line in skill.splitlines()], "no_skill"
+    others = [index for index, t in enumerate(group) if t.won and index != target_id]
+    if not others:
+        return [], "no_success" if not any(t.won for t in group) else "no_other_success"
+    if settings.source == "nearest_success":
+        words = _action_words(target)
+        chosen = max(others, key=lambda index: (_jaccard(words, _action_words(group[index])), -index))
+    else:
+        chosen = random.Random(f"{settings.seed}:{group_index}:{target_id}").choice(others)
+    return render_trajectory_steps(group[chosen]), "empty_success"
+
+
+def _action_words(trajectory: Trajectory) -> set[str]:
+    return {word for turn in trajectory.turns for word in turn.action.lower().split()}
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+def render_trajectory_steps(trajectory: Trajectory) -> list[str]:
+    """A successful trajectory as numbered "action -> observation" lines (the reuse ablations' PI)."""
+    lines = []
+    for t, turn in enumerate(trajectory.turns):
+        observation = clip_middle(normalize_whitespace(turn.observation), _RENDERED_OBSERVATION_CHARS)
+        lines.append(f"step {t + 1}: {normalize_whitespace(turn.action)} -> {observation}")
+    return lines
