@@ -14,6 +14,8 @@ _EXPORTS = {
     "AgentGRPOConfig": "taspo_trl.trainers.grpo",
     "AgentGRPOTrainer": "taspo_trl.trainers.grpo",
     "environment_reward": "taspo_trl.trainers.grpo",
+    "TASPOConfig": "taspo_trl.trainers.taspo",
+    "TASPOTrainer": "taspo_trl.trainers.taspo",
     "encode_task_prompt": "taspo_trl.rollout.loop",
     "make_rollout_func": "taspo_trl.rollout.trl_rollout",
 }

@@ -65,3 +65,43 @@ class ScriptedGenerator:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
             out.append(Generation(ids, [-1.0] * len(ids), True))
         return out
+
+
+class PlannedGenerator:
+    """Plays fixed per-trajectory action plans, but with REAL log-probs of the policy for the scripted tokens.
+
+    ``plans[k]`` is trajectory k's list of actions, one per turn (``None`` = a response with no action tag).
+    The agent loop calls the generator once per turn with the live trajectories in order, so at call c the
+    live ones are those whose plan is longer than c (plans must end where the episode ends). The response
+    tokens are scored by ``model`` (log_softmax(logits / temperature)), as sampling would have recorded them.
+    """
+
+    def __init__(self, model, tokenizer, plans: list[list[str | None]], temperature: float = 1.0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.plans = plans
+        self.temperature = temperature
+        self.calls = 0
+
+    def __call__(self, prompts):
+        import torch
+
+        from taspo_trl.rollout.generation import Generation
+
+        live = [k for k, plan in enumerate(self.plans) if len(plan) > self.calls]
+        assert len(live) == len(prompts), (self.calls, len(live), len(prompts))
+        out = []
+        for k, prompt in zip(live, prompts):
+            action = self.plans[k][self.calls]
+            text = (
+                f"<think>Step {self.calls + 1}: I will do the next step.</think> <action>{action}</action>"
+                if action is not None
+                else "I am not sure what to do."
+            )
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            with torch.no_grad():
+                logits = self.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+            logprobs = torch.log_softmax(logits / self.temperature, -1).gather(1, torch.tensor(ids)[:, None])
+            out.append(Generation(ids, logprobs.squeeze(1).tolist(), True))
+        self.calls += 1
+        return out

@@ -208,6 +208,9 @@ class AgentGRPOTrainer(GRPOTrainer):
             any_process_live=self._any_process_live if (multi_process and self.use_vllm) else None,
         )
         rollout_seconds = time.perf_counter() - started
+        first = self.accelerator.process_index * len(inputs)
+        for k, trajectory in enumerate(trajectories):  # group ids over the whole batch, not this process's share
+            trajectory.group = (first + k) // num_generations
         self._last_trajectories = trajectories
 
         # 2. Rewards through TRL's reward functions; they see the trajectory's fields as keyword arguments.
@@ -229,8 +232,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         all_advantages = grpo_outcome_advantages(
             rewards, num_generations, delta=args.advantage_epsilon, scale=self.scale_rewards != "none"
         )
-        start = self.accelerator.process_index * len(inputs)
-        advantages = all_advantages[start : start + len(inputs)].cpu()
+        advantages = all_advantages[first : first + len(inputs)].cpu()
 
         # 4. Rows in the configured layout, with the tensors TRL's loss needs (log-probs of the snapshot/reference).
         rows = build_rows(

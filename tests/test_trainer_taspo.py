@@ -1,0 +1,187 @@
+"""TASPOTrainer on the real ALFWorld engine with the rule-based analyzer and a tiny random-weight policy.
+
+The rollouts follow fixed action plans (some win, some fail) so groups have verified successes, but every
+recorded log-probability is the policy's real one, so the privileged rescoring is genuine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+
+import taspo_trl.trainers.grpo as grpo_module
+from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
+from taspo_trl.rollout.layouts import build_rows
+
+from toy_envs import PlannedGenerator
+
+MAX_TURNS = 6
+
+
+@pytest.fixture(scope="module")
+def pick_game(tmp_path_factory):
+    games = generate_games(tmp_path_factory.mktemp("games"), per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])
+    return games[0]
+
+
+def _plans(walkthrough: list[str], wins: int) -> list[list[str | None]]:
+    """``wins`` siblings reach the goal (one with a detour); the others stall and hit the turn limit."""
+    winning = [list(walkthrough), walkthrough[:1] + ["look"] + walkthrough[1:]]
+    failing = [
+        (walkthrough[:2] + [None, "look", "inventory", "look"])[:MAX_TURNS],
+        (["look", walkthrough[0], None, "inventory", "look", "look"])[:MAX_TURNS],
+        ([None] * MAX_TURNS),
+        (["inventory"] * MAX_TURNS),
+    ]
+    return (winning[:wins] + failing)[:4]
+
+
+def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", **overrides):
+    values = dict(
+        output_dir=str(tmp_path / cls.__name__),
+        layout=layout,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=32,
+        max_turns=MAX_TURNS,
+        max_steps=1,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+    )
+    values.update(overrides)
+    dataset = Dataset.from_list(task_spec_rows([game]))
+    return cls(model=model_dir, args=config_cls(**values), train_dataset=dataset), dataset
+
+
+def _run_step(trainer, dataset, plans, monkeypatch):
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, plans)
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    return trainer._generate_and_score_completions([dict(dataset[0]) for _ in range(4)])
+
+
+def _walkthrough(game) -> list[str]:
+    return json.loads(Path(game).read_text())["walkthrough"]
+
+
+@pytest.mark.parametrize("layout", ["turn", "sequence"])
+def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick_game, monkeypatch, layout):
+    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, layout)
+    try:
+        batch = _run_step(trainer, dataset, _plans(_walkthrough(pick_game), wins=2), monkeypatch)
+    finally:
+        trainer.close()
+    trajectories = trainer._last_trajectories
+    assert [t.won for t in trajectories] == [True, True, False, False]
+    pi = trainer.last_privileged_info
+    # Successes and the failing sibling that reached the drawer get aligned PI; the one that never saw the CD
+    # has nothing applicable to its own path (alignment keeps only target-supported statements).
+    assert [text.startswith("[Privileged Guidance]") for text in pi] == [True, True, True, False]
+    redistributed = 0
+    for trajectory, weights in zip(trajectories, trainer.last_weights):
+        w = torch.tensor(weights, dtype=torch.float64)
+        assert len(w) == trajectory.num_turns
+        assert torch.all(w >= 0.6 - 1e-12) and torch.all(w <= 1.4 + 1e-12)  # eps_w = 0.4
+        assert w.mean().item() == pytest.approx(1.0, abs=1e-12)
+        redistributed += not torch.all(w == 1.0)
+    assert redistributed >= 2
+    # every policy token of turn t carries A_i * w_it: the sign never flips
+    advantages = batch["advantages"][batch["tool_mask"] > 0]
+    assert torch.all(advantages[advantages != 0].abs() > 0)
+    rewards = torch.tensor([t.reward for t in trajectories])
+    expected_a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    for i, weights in enumerate(trainer.last_weights):
+        # Eq. 1: the turn average of A_i w_it is A_i
+        assert sum(expected_a[i].item() * w for w in weights) / len(weights) == pytest.approx(expected_a[i].item(), rel=1e-5)
+
+
+def test_privileged_shifts_match_an_independent_forward(tmp_path, tiny_model_dir, pick_game, monkeypatch):
+    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
+    try:
+        _run_step(trainer, dataset, _plans(_walkthrough(pick_game), wins=2), monkeypatch)
+    finally:
+        trainer.close()
+    trajectories, pi = trainer._last_trajectories, trainer.last_privileged_info
+    rows = build_rows(trajectories, "turn")
+    shifts = privileged_token_shifts(
+        rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, rows.logprobs, trainer._tokenizer.pad_token_id
+    )
+    assert shifts
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for (i, t), delta in list(shifts.items())[:4]:
+        turn = trajectories[i].turns[t]
+        prompt = trainer.chat.first_prompt_ids(privileged_user_text(pi[i], turn.prompt_text))
+        ids = torch.tensor([prompt + turn.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        privileged = torch.log_softmax(logits, -1).gather(1, torch.tensor(turn.response_ids)[:, None]).squeeze(1)
+        start, end = turn.action_span
+        expected = privileged[start:end].double() - torch.tensor(turn.logprobs[start:end], dtype=torch.float64)
+        assert end > start and torch.allclose(delta, expected, atol=1e-4)
+
+
+class _BrokenAnalyzer:
+    """An analyzer whose answers never parse: TASPO must fall back to GRPO for every trajectory."""
+
+    workers = 1
+
+    def complete(self, messages):
+        return "I cannot help with that."
+
+
+@pytest.mark.parametrize("case", ["all_fail", "no_pi"])
+def test_fallback_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monkeypatch, case):
+    plans = _plans(_walkthrough(pick_game), wins=0 if case == "all_fail" else 2)
+    grpo, dataset = _trainer(AgentGRPOTrainer, AgentGRPOConfig, tmp_path, tiny_model_dir, pick_game)
+    taspo, _ = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
+    if case == "no_pi":
+        taspo.analyzer = _BrokenAnalyzer()
+    try:
+        batch_grpo = _run_step(grpo, dataset, [list(p) for p in plans], monkeypatch)
+        batch_taspo = _run_step(taspo, dataset, [list(p) for p in plans], monkeypatch)
+        assert all(text == "" for text in taspo.last_privileged_info)
+        for key in ("completion_ids", "advantages", "tool_mask", "num_items_in_batch"):
+            assert torch.equal(batch_grpo[key], batch_taspo[key]), key
+        if case == "no_pi":
+            assert batch_grpo["advantages"].abs().sum() > 0  # a real outcome signal, left untouched
+        loss_grpo = grpo.compute_loss(grpo.model, batch_grpo)
+        loss_taspo = taspo.compute_loss(taspo.model, batch_taspo)
+        assert torch.equal(loss_grpo, loss_taspo)
+    finally:
+        grpo.close()
+        taspo.close()
+
+
+def test_taspo_trains_a_step_with_token_allocation(tmp_path, tiny_model_dir, pick_game, monkeypatch):
+    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, allocation_unit="token")
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, _plans(_walkthrough(pick_game), wins=2))
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    logged = trainer.state.log_history[0]
+    assert logged["pi/coverage"] > 0 and torch.isfinite(torch.tensor(logged["loss"]))
+    assert any(isinstance(turn, list) for traj in trainer.last_weights for turn in traj)
+
+
+def test_config_errors(tmp_path):
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="analyzer_base_url"):
+        TASPOConfig(analyzer="openai", **base)
+    with pytest.raises(ValueError, match="pi_source"):
+        TASPOConfig(pi_source="best_guess", **base)
+    with pytest.raises(ValueError, match="eps_w"):
+        TASPOConfig(eps_w=1.0, **base)
