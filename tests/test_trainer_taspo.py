@@ -20,7 +20,7 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
 from taspo_trl.rollout.layouts import build_rows
 
-from toy_envs import PlannedGenerator
+from taspo_trl.rollout.scripted import PlannedGenerator
 
 MAX_TURNS = 6
 

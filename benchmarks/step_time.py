@@ -1,0 +1,98 @@
+"""Training step time of TASPO (rule-based analyzer) over the GRPO baseline, same games, seeds and model.
+
+A 135M model almost never completes an ALFWorld task, and a group without a success leaves TASPO with
+nothing to do (A.3 fallback), so a run with sampled responses would only time the fallback. The siblings here
+therefore replay fixed plans (two follow the game's walkthrough and win, two stall), with every response token
+scored by the real model as sampling would record it. TASPO then builds PI and runs its privileged pass on
+every trajectory that has PI, which is the cost this benchmark is about. Both trainers run the same steps on
+the same rows; the report is the ratio of the median step times and the privileged pass's share.
+
+    python benchmarks/step_time.py --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from datasets import Dataset
+
+import taspo_trl.trainers.grpo as grpo_module
+from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.rollout.scripted import PlannedGenerator
+
+
+def _plans(walkthrough: list[str], max_turns: int) -> list[list[str | None]]:
+    return [
+        list(walkthrough),
+        walkthrough[:1] + ["look"] + walkthrough[1:],
+        (walkthrough[:2] + [None] + ["look"] * max_turns)[:max_turns],
+        (["inventory"] * max_turns),
+    ]
+
+
+def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out_dir: Path) -> dict:
+    max_turns = len(json.loads(game.read_text())["walkthrough"]) + 1
+    common = dict(
+        output_dir=str(out_dir / name),
+        layout=layout,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        max_completion_length=48,
+        max_turns=max_turns,
+        max_steps=steps,
+        learning_rate=1e-6,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    config = TASPOConfig(**common) if name == "taspo" else AgentGRPOConfig(**common)
+    trainer_class = TASPOTrainer if name == "taspo" else AgentGRPOTrainer
+    dataset = Dataset.from_list(task_spec_rows([game]) * steps)
+    trainer = trainer_class(model=model, args=config, train_dataset=dataset)
+    walkthrough = json.loads(game.read_text())["walkthrough"]
+    grpo_module.generator_for_trainer = lambda t, batch_size=None: PlannedGenerator(
+        t.model, t.processing_class, _plans(walkthrough, max_turns)
+    )
+    trainer.train()
+    trainer.close()
+    logs = [entry for entry in trainer.state.log_history if "step_time" in entry]
+    return {
+        "step_times": [entry["step_time"] for entry in logs],
+        "rescoring": [entry.get("taspo/rescoring_seconds", 0.0) for entry in logs],
+        "pi_coverage": [entry.get("pi/coverage", 0.0) for entry in logs],
+        "rows": [entry["rows/count"] for entry in logs],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=EMBEDDED_MODEL)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--layout", default="turn", choices=["turn", "sequence"])
+    args = parser.parse_args()
+
+    model = resolve_model_path(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        game = generate_games(Path(tmp) / "games", 1, 0, "train", task_types=["pick_and_place_simple"])[0]
+        results = {name: _time_method(name, model, game, args.steps, args.layout, Path(tmp)) for name in ("grpo", "taspo")}
+
+    grpo, taspo = (statistics.median(results[n]["step_times"]) for n in ("grpo", "taspo"))
+    print(f"model={args.model} layout={args.layout} steps={args.steps} rows/step={results['grpo']['rows']}")
+    for name, result in results.items():
+        print(f"{name:<6} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}")
+    print(f"TASPO PI coverage per step: {results['taspo']['pi_coverage']}")
+    print(f"TASPO privileged pass (s): {', '.join(f'{t:.1f}' for t in results['taspo']['rescoring'])}")
+    print(f"step time ratio TASPO / GRPO (medians): {taspo / grpo:.3f}")
+
+
+if __name__ == "__main__":
+    main()

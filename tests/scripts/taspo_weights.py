@@ -1,0 +1,63 @@
+"""Runs one TASPO credit computation on a fixed group and writes the gathered per-turn weights as JSON.
+
+Launched by tests/test_distributed.py once with one process and once with ``accelerate launch`` on two
+processes (gloo on CPU); the 4 siblings of the group are split 2 + 2 across processes in the second run.
+
+    python tests/scripts/taspo_weights.py MODEL_DIR GAME_FILE OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from accelerate.utils import gather_object
+from datasets import Dataset
+
+import taspo_trl.trainers.grpo as grpo_module
+from taspo_trl import TASPOConfig, TASPOTrainer
+from taspo_trl.envs.alfworld import task_spec_rows
+from taspo_trl.rollout.scripted import PlannedGenerator
+
+
+def main() -> None:
+    model_dir, game_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    walkthrough = json.loads(Path(game_file).read_text())["walkthrough"]
+    plans = [
+        list(walkthrough),
+        walkthrough[:1] + ["look"] + walkthrough[1:],
+        (walkthrough[:2] + [None, "look", "inventory", "look"])[:6],
+        ["inventory"] * 6,
+    ]
+    rows = task_spec_rows([game_file])
+    config = TASPOConfig(
+        output_dir=str(Path(out).parent / "trainer"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=32,
+        max_turns=6,
+        report_to="none",
+        bf16=False,
+        use_cpu=True,  # on a CPU-only machine transformers only goes distributed (gloo) with use_cpu=True
+        seed=0,
+    )
+    trainer = TASPOTrainer(model=model_dir, args=config, train_dataset=Dataset.from_list(rows * 4))
+    accelerator = trainer.accelerator
+    share = 4 // accelerator.num_processes
+    mine = slice(accelerator.process_index * share, (accelerator.process_index + 1) * share)
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, plans[mine])
+    grpo_module.generator_for_trainer = lambda _trainer, batch_size=None: generator
+    trainer.model.train()
+    trainer._generate_and_score_completions([dict(rows[0]) for _ in range(share)])
+    weights = gather_object([trainer.last_weights])
+    pi = gather_object([trainer.last_privileged_info])
+    if accelerator.is_main_process:
+        flat_w = [w for part in weights for w in part]
+        flat_pi = [p for part in pi for p in part]
+        Path(out).write_text(json.dumps({"processes": accelerator.num_processes, "weights": flat_w, "pi": flat_pi}))
+    trainer.close()
+
+
+if __name__ == "__main__":
+    main()

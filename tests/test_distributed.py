@@ -1,0 +1,45 @@
+"""Two processes (accelerate, gloo on CPU) compute the same TASPO weights and PI as one process, with the
+task group split across the processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from taspo_trl.envs.alfworld import generate_games
+
+SCRIPT = Path(__file__).parent / "scripts" / "taspo_weights.py"
+
+
+def _run(command: list[str], tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def test_two_processes_give_the_same_weights_as_one(tmp_path, tiny_model_dir):
+    game = generate_games(tmp_path / "games", per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])[0]
+    single, double = tmp_path / "one" / "w.json", tmp_path / "two" / "w.json"
+    single.parent.mkdir()
+    double.parent.mkdir()
+    _run([sys.executable, str(SCRIPT), tiny_model_dir, str(game), str(single)], tmp_path)
+    _run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(SCRIPT), tiny_model_dir, str(game), str(double),
+        ],
+        tmp_path,
+    )
+    one, two = json.loads(single.read_text()), json.loads(double.read_text())
+    assert (one["processes"], two["processes"]) == (1, 2)
+    assert one["pi"] == two["pi"] and any(one["pi"])
+    assert len(one["weights"]) == len(two["weights"]) == 4
+    for a, b in zip(one["weights"], two["weights"]):
+        assert a == pytest.approx(b, abs=1e-6)
+    assert any(w != 1.0 for traj in one["weights"] for w in traj)
