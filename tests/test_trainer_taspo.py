@@ -43,7 +43,7 @@ def _plans(walkthrough: list[str], wins: int) -> list[list[str | None]]:
     return (winning[:wins] + failing)[:4]
 
 
-def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", **overrides):
+def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", peft_config=None, **overrides):
     values = dict(
         output_dir=str(tmp_path / cls.__name__),
         layout=layout,
@@ -63,7 +63,7 @@ def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", **overri
     )
     values.update(overrides)
     dataset = Dataset.from_list(task_spec_rows([game]))
-    return cls(model=model_dir, args=config_cls(**values), train_dataset=dataset), dataset
+    return cls(model=model_dir, args=config_cls(**values), train_dataset=dataset, peft_config=peft_config), dataset
 
 
 def _run_step(trainer, dataset, plans, monkeypatch):
@@ -164,8 +164,14 @@ def test_fallback_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monke
         taspo.close()
 
 
-def test_taspo_trains_a_step_with_token_allocation(tmp_path, tiny_model_dir, pick_game, monkeypatch):
-    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, allocation_unit="token")
+@pytest.mark.parametrize("unit,use_peft", [("token", False), ("action", True)])
+def test_taspo_trains_a_step(tmp_path, tiny_model_dir, pick_game, monkeypatch, unit, use_peft):
+    from peft import LoraConfig
+
+    trainer, dataset = _trainer(
+        TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, allocation_unit=unit,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if use_peft else None,
+    )
     generator = PlannedGenerator(trainer.model, trainer.processing_class, _plans(_walkthrough(pick_game), wins=2))
     monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
     try:
@@ -174,7 +180,9 @@ def test_taspo_trains_a_step_with_token_allocation(tmp_path, tiny_model_dir, pic
         trainer.close()
     logged = trainer.state.log_history[0]
     assert logged["pi/coverage"] > 0 and torch.isfinite(torch.tensor(logged["loss"]))
-    assert any(isinstance(turn, list) for traj in trainer.last_weights for turn in traj)
+    assert logged["taspo/fallback/redistributed"] > 0
+    if unit == "token":  # action tokens carry their own weights
+        assert any(isinstance(turn, list) for traj in trainer.last_weights for turn in traj)
 
 
 def test_config_errors(tmp_path):

