@@ -1,11 +1,13 @@
-"""Training step time of TASPO (rule-based analyzer) over the GRPO baseline, same games, seeds and model.
+"""Training step time of TASPO (rule-based analyzer) and AlignOPSD over the GRPO baseline, in one run, on the
+same games, seeds and model.
 
 A 135M model almost never completes an ALFWorld task, and a group without a success leaves TASPO with
 nothing to do (A.3 fallback), so a run with sampled responses would only time the fallback. The siblings here
 therefore replay fixed plans (two follow the game's walkthrough and win, two stall), with every response token
 scored by the real model as sampling would record it. TASPO then builds PI and runs its privileged pass on
-every trajectory that has PI, which is the cost this benchmark is about. Both trainers run the same steps on
-the same rows; the report is the ratio of the median step times and the privileged pass's share.
+every trajectory that has PI; AlignOPSD runs its privileged pass, the encoder and up to k aligned views per
+turn. All trainers run the same steps on the same rows; the report is the ratio of the median step times and
+the time of the extra passes.
 
     python benchmarks/step_time.py --steps 3
 """
@@ -21,10 +23,17 @@ from pathlib import Path
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
+from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.rollout.scripted import PlannedGenerator
+
+
+METHODS = {
+    "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
+    "taspo": (TASPOConfig, TASPOTrainer),
+    "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer),
+}
 
 
 def _plans(walkthrough: list[str], max_turns: int) -> list[list[str | None]]:
@@ -54,8 +63,8 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
         bf16=False,
         seed=0,
     )
-    config = TASPOConfig(**common) if name == "taspo" else AgentGRPOConfig(**common)
-    trainer_class = TASPOTrainer if name == "taspo" else AgentGRPOTrainer
+    config_class, trainer_class = METHODS[name]
+    config = config_class(**common)
     dataset = Dataset.from_list(task_spec_rows([game]) * steps)
     trainer = trainer_class(model=model, args=config, train_dataset=dataset)
     walkthrough = json.loads(game.read_text())["walkthrough"]
@@ -67,7 +76,11 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
     logs = [entry for entry in trainer.state.log_history if "step_time" in entry]
     return {
         "step_times": [entry["step_time"] for entry in logs],
-        "rescoring": [entry.get("taspo/rescoring_seconds", 0.0) for entry in logs],
+        "extra": [
+            entry.get("taspo/rescoring_seconds", 0.0) + entry.get("pi/analyzer_seconds", 0.0)
+            + entry.get("alignopsd/rescoring_seconds", 0.0) + entry.get("alignopsd/encoder_seconds", 0.0)
+            for entry in logs
+        ],
         "pi_coverage": [entry.get("pi/coverage", 0.0) for entry in logs],
         "rows": [entry["rows/count"] for entry in logs],
     }
@@ -83,15 +96,16 @@ def main() -> None:
     model = resolve_model_path(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         game = generate_games(Path(tmp) / "games", 1, 0, "train", task_types=["pick_and_place_simple"])[0]
-        results = {name: _time_method(name, model, game, args.steps, args.layout, Path(tmp)) for name in ("grpo", "taspo")}
+        results = {name: _time_method(name, model, game, args.steps, args.layout, Path(tmp)) for name in METHODS}
 
-    grpo, taspo = (statistics.median(results[n]["step_times"]) for n in ("grpo", "taspo"))
     print(f"model={args.model} layout={args.layout} steps={args.steps} rows/step={results['grpo']['rows']}")
     for name, result in results.items():
-        print(f"{name:<6} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}")
+        print(f"{name:<10} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}; "
+              f"extra passes (s): {', '.join(f'{t:.1f}' for t in result['extra'])}")
     print(f"TASPO PI coverage per step: {results['taspo']['pi_coverage']}")
-    print(f"TASPO privileged pass (s): {', '.join(f'{t:.1f}' for t in results['taspo']['rescoring'])}")
-    print(f"step time ratio TASPO / GRPO (medians): {taspo / grpo:.3f}")
+    grpo = statistics.median(results["grpo"]["step_times"])
+    for name in ("taspo", "alignopsd"):
+        print(f"step time ratio {name} / grpo (medians): {statistics.median(results[name]['step_times']) / grpo:.3f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ _EXPORTS = {
     "AgentGRPOTrainer": "taspo_trl.trainers.grpo",
     "environment_reward": "taspo_trl.trainers.grpo",
     "TASPOConfig": "taspo_trl.trainers.taspo",
+    "AlignOPSDConfig": "taspo_trl.trainers.alignopsd",
+    "AlignOPSDTrainer": "taspo_trl.trainers.alignopsd",
     "TASPOTrainer": "taspo_trl.trainers.taspo",
     "encode_task_prompt": "taspo_trl.rollout.loop",
     "make_rollout_func": "taspo_trl.rollout.trl_rollout",

@@ -28,16 +28,38 @@ def privileged_user_text(privileged_info: str, user_text: str) -> str:
     return f"{privileged_info}\n\n{user_text}"
 
 
-def privileged_rows(rows: Rows, trajectories: Sequence[Trajectory], pi_texts: Sequence[str], chat: ChatFormat) -> tuple[Rows, list[int]]:
-    """The rows of trajectories with non-empty PI, with P_i in their prompt. Returns the rows and their indices."""
-    keep = [r for r, traj in enumerate(rows.row_trajectory) if traj != NOT_POLICY and pi_texts[traj]]
-    sub = rows.select(keep)
-    for k, r in enumerate(keep):
-        traj = rows.row_trajectory[r]
-        first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)
-        user_text = trajectories[traj].turns[first_turn].prompt_text
-        sub.prompt_ids[k] = chat.first_prompt_ids(privileged_user_text(pi_texts[traj], user_text))
-    return sub, keep
+def privileged_prompt_ids(trajectory: Trajectory, turn: int, privileged_info: str, chat: ChatFormat) -> list[int]:
+    """The prompt of ``turn`` with P_i in front of the first user message; the rest of the history unchanged.
+
+    ``turn`` layout: the turn's own prompt is one user message. ``sequence`` layout: the history after the
+    first user message is kept token for token (the prompt ids extend the first prompt's ids)."""
+    first = trajectory.turns[0]
+    plain_first = chat.first_prompt_ids(first.prompt_text)
+    prompt = trajectory.turns[turn].prompt_ids
+    if prompt[: len(plain_first)] == plain_first:  # sequence layout, or the first turn
+        return chat.first_prompt_ids(privileged_user_text(privileged_info, first.prompt_text)) + prompt[len(plain_first) :]
+    return chat.first_prompt_ids(privileged_user_text(privileged_info, trajectory.turns[turn].prompt_text))
+
+
+def score_continuations(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], logprob_fn: LogProbFn, pad_token_id: int, min_rows: int = 0
+) -> list[torch.Tensor]:
+    """log-probs of each continuation given its prompt, as one padded batch (``logprob_fn`` micro-batches it).
+
+    ``min_rows`` pads the batch with one-token rows so every process runs the same number of forward passes."""
+    pairs = list(pairs) + [([pad_token_id], [pad_token_id])] * max(0, min_rows - len(pairs))
+    if not pairs:
+        return []
+    width_p, width_c = max(len(p) for p, _ in pairs), max(len(c) for _, c in pairs)
+    input_ids = torch.full((len(pairs), width_p + width_c), pad_token_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for k, (p, c) in enumerate(pairs):
+        input_ids[k, width_p - len(p) : width_p] = torch.tensor(list(p))
+        input_ids[k, width_p : width_p + len(c)] = torch.tensor(list(c))
+        attention[k, width_p - len(p) : width_p + len(c)] = 1
+    with torch.no_grad():
+        logps = logprob_fn(input_ids, attention, width_c).float().cpu()
+    return [logps[k, : len(c)] for k, (_, c) in enumerate(pairs)]
 
 
 def privileged_token_shifts(
@@ -49,38 +71,31 @@ def privileged_token_shifts(
     plain_logprobs: Sequence[Sequence[float]],
     pad_token_id: int,
     min_rows: int = 0,
+    action_only: bool = True,
 ) -> dict[tuple[int, int], torch.Tensor]:
-    """Eq. 3 shifts Delta_itk over each rescored turn's ACTION span, keyed by (trajectory, turn).
+    """Eq. 3 shifts Delta_itk of each rescored turn, keyed by (trajectory, turn): over the ACTION span (TASPO),
+    or over the whole response with ``action_only=False`` (AlignOPSD's local gap g0).
 
-    ``plain_logprobs`` are per-token log pi_old(y | h) aligned with ``rows.completion_ids``. Turns whose action
-    span is empty are left out (they are not scorable); non-finite values are kept so the scorer can reject them.
-    ``min_rows`` pads the pass with empty rows so every process runs the same number of forward passes.
+    Rows of trajectories with a non-empty ``pi_texts`` entry are rescored with P_i in their prompt; the response
+    (and, in the ``sequence`` layout, the observation) tokens are unchanged. ``plain_logprobs`` are per-token
+    log pi_old(y | h) aligned with ``rows.completion_ids``. With ``action_only``, turns whose action span is
+    empty are left out (not scorable); non-finite values are kept so the scorer can reject them.
     """
-    sub, keep = privileged_rows(rows, trajectories, pi_texts, chat)
-    while len(sub) < min_rows:
-        sub.append_padding(pad_token_id)
-    if len(sub) == 0:
-        return {}
-    prompts = [torch.tensor(p) for p in sub.prompt_ids]
-    completions = [torch.tensor(c) for c in sub.completion_ids]
-    width_p, width_c = max(len(p) for p in prompts), max(len(c) for c in completions)
-    input_ids = torch.full((len(sub), width_p + width_c), pad_token_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    for k, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[k, width_p - len(p) : width_p] = p
-        input_ids[k, width_p : width_p + len(c)] = c
-        attention[k, width_p - len(p) : width_p + len(c)] = 1
-    with torch.no_grad():
-        privileged = logprob_fn(input_ids, attention, width_c).float().cpu()
-    shifts_by_row = []
-    for k, r in enumerate(keep):
-        n = len(sub.completion_ids[k])
-        plain = torch.as_tensor(plain_logprobs[r][:n], dtype=torch.float32)
-        shifts_by_row.append((privileged[k, :n] - plain).tolist())
-    per_turn = sub.select(range(len(keep))).collect(shifts_by_row)
+    keep = [r for r, traj in enumerate(rows.row_trajectory) if traj != NOT_POLICY and pi_texts[traj]]
+    pairs = []
+    for r in keep:
+        traj = rows.row_trajectory[r]
+        first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)
+        pairs.append((privileged_prompt_ids(trajectories[traj], first_turn, pi_texts[traj], chat), rows.completion_ids[r]))
+    privileged = score_continuations(pairs, logprob_fn, pad_token_id, min_rows)
+    shifts_by_row = [
+        (privileged[k] - torch.as_tensor(plain_logprobs[r][: len(privileged[k])], dtype=torch.float32)).tolist()
+        for k, r in enumerate(keep)
+    ]
+    per_turn = rows.select(keep).collect(shifts_by_row)
     out = {}
     for (traj, turn), shifts in per_turn.items():
-        start, end = trajectories[traj].turns[turn].action_span
+        start, end = trajectories[traj].turns[turn].action_span if action_only else (0, len(shifts))
         if end > start:
             out[(traj, turn)] = torch.tensor(shifts[start:end], dtype=torch.float64)
     return out

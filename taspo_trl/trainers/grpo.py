@@ -72,6 +72,9 @@ class AgentGRPOConfig(GRPOConfig):
             $\delta$ in $A_i = (R_i - \mu)/(\sigma + \delta)$ (Sec. 3.1).
         rollout_batch_size (`int` or `None`, defaults to `None`):
             Sequences per `generate` call on the transformers backend; `None` = every live trajectory at once.
+        rescore_batch_size (`int` or `None`, defaults to `None`):
+            Rows per forward pass in the privileged rescoring passes of TASPO / AlignOPSD; `None` =
+            `per_device_train_batch_size`.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -84,6 +87,7 @@ class AgentGRPOConfig(GRPOConfig):
     turn_balanced_loss: bool = field(default=True, metadata={"help": "Eq. 7 turn-balanced loss normalisation."})
     advantage_epsilon: float = field(default=1e-4, metadata={"help": "delta in the GRPO advantage (Sec. 3.1)."})
     rollout_batch_size: int | None = field(default=None, metadata={"help": "Sequences per generate call."})
+    rescore_batch_size: int | None = field(default=None, metadata={"help": "Rows per privileged forward."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -172,6 +176,20 @@ class AgentGRPOTrainer(GRPOTrainer):
         return [[1.0] * t.num_turns for t in trajectories]
 
     # ---- one step ----------------------------------------------------------------------------------------
+
+    def _snapshot_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """log pi_old of the last ``logits_to_keep`` tokens (no grad by the caller): until the update of this
+        step, the current weights are the rollout snapshot. Runs through TRL's chunked log-prob function, so LoRA,
+        DeepSpeed and the fused LM head behave as in the loss."""
+        device = self.accelerator.device
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model,
+            input_ids.to(device),
+            attention_mask.to(device),
+            logits_to_keep,
+            batch_size=self.args.rescore_batch_size or self.args.per_device_train_batch_size,
+        )
+        return logps
 
     def _max_over_processes(self, value: int) -> int:
         """Processes must run the same number of forward passes (DeepSpeed ZeRO-3 gathers weights collectively),

@@ -63,7 +63,6 @@ class TASPOConfig(AgentGRPOConfig):
         pi_max_items (`int`, defaults to `12`): maximum evidence items (C.3).
         pi_max_statements (`int`, defaults to `8`): $G$, statements composed into P_i (A.2).
         pi_token_budget (`int`, defaults to `256`): $B_{PI}$, the PI token budget (A.2).
-        rescore_batch_size (`int` or `None`): rows per forward in the privileged pass; `None` = per-device batch.
     """
 
     c_delta: float = field(default=2.0, metadata={"help": "c_Delta: token-shift clip (Eq. 4)."})
@@ -85,7 +84,6 @@ class TASPOConfig(AgentGRPOConfig):
     pi_max_items: int = field(default=12, metadata={"help": "Maximum evidence items."})
     pi_max_statements: int = field(default=8, metadata={"help": "G: statements composed into PI."})
     pi_token_budget: int = field(default=256, metadata={"help": "B_PI: PI token budget."})
-    rescore_batch_size: int | None = field(default=None, metadata={"help": "Rows per privileged forward."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -228,15 +226,6 @@ class TASPOTrainer(AgentGRPOTrainer):
             token_w[start:end] = w.tolist()
             out.append(token_w)
         return out
-
-    def _snapshot_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
-        """log pi_old on the privileged rows: the current weights are the rollout snapshot until the update."""
-        device = self.accelerator.device
-        batch_size = self.args.rescore_batch_size or self.args.per_device_train_batch_size
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids.to(device), attention_mask.to(device), logits_to_keep, batch_size=batch_size
-        )
-        return logps
 
     def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
         """PI for this process's trajectories; groups may straddle processes, so the main process builds PI for

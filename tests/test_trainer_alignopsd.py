@@ -1,0 +1,151 @@
+"""AlignOPSD: decision correspondence on a hand-built group with the real offline encoder, and the trainer's
+credit on the real ALFWorld engine (scripted plans, real log-probs of a tiny policy)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+import taspo_trl.trainers.grpo as grpo_module
+from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
+from taspo_trl.credit.alignopsd import adaptive_threshold, correspondence_shifts, segment_spans
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.privileged.decisions import embed_group, target_correspondence, think_text
+from taspo_trl.privileged.encoder import get_encoder
+from taspo_trl.rollout.records import Trajectory, Turn
+from taspo_trl.rollout.scripted import PlannedGenerator
+
+
+def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
+    trajectory = Trajectory(task_spec={}, task="heat some apple and put it in fridge", initial_observation="", group=0, won=won)
+    for think, action in steps:
+        text = f"<think>{think}</think> <action>{action}</action>"
+        trajectory.turns.append(Turn([1], [2], [0.0], text, action, True, "ok", (0, 1), "..."))
+    return trajectory
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return get_encoder()
+
+
+def test_hand_built_group_correspondence_and_spans(encoder):
+    target = _rollout(
+        [
+            ("I need to find the apple, the countertop is a likely place.", "go to countertop 1"),
+            ("The apple is here on the countertop, I will pick it up.", "take apple 1 from countertop 1"),
+            ("Now I have to heat the apple, so I go to the microwave.", "go to microwave 1"),
+            ("Heat the apple with the microwave.", "heat apple 1 with microwave 1"),
+        ],
+        won=True,
+    )
+    paraphrase = _rollout(
+        [
+            ("The apple is probably on the countertop, let me go there.", "go to countertop 1"),
+            ("I see the apple on the countertop and take it.", "take apple 1 from countertop 1"),
+            ("To heat the apple I should walk to the microwave.", "go to microwave 1"),
+            ("Use the microwave to heat the apple.", "heat apple 1 with microwave 1"),
+        ],
+        won=True,
+    )
+    unrelated = _rollout(
+        [
+            ("Let me check what I am carrying.", "inventory"),
+            ("I will look around the room.", "look"),
+            ("Maybe the drawer has something useful.", "go to drawer 1"),
+        ],
+        won=False,
+    )
+    group = [target, paraphrase, unrelated]
+    states = embed_group(group, [0, 1, 2], encoder)
+    per_turn, columns = target_correspondence(group, 0, states, threshold=0.7, top_k=2, action_threshold=0.8)
+    chosen = [[columns[s] for s in match.sources] for match in per_turn]
+    # Turn 1's closest state is the paraphrase's turn 0 ("go to countertop"), one source per sibling keeps only
+    # that one, and the action filter then rejects it (taking the apple is not going to the countertop).
+    assert chosen == [[(1, 0)], [], [(1, 2)], [(1, 3)]]
+    assert all((2, t) not in sum(chosen, []) for t in range(3))  # the unrelated rollout never corresponds
+    assert per_turn[1].quality == 0.0 and all(0 < per_turn[t].quality <= 1 for t in (0, 2, 3))
+    shifts = correspondence_shifts([match.distribution for match in per_turn])
+    # The reference context stays put over "find the apple" -> "take it", then jumps to "heat it".
+    assert int(torch.argmax(shifts)) == 1
+    spans = segment_spans(shifts, adaptive_threshold([shifts]), min_len=1, max_len=8)
+    assert spans == [(0, 2), (2, 4)]
+
+
+def test_think_text():
+    assert think_text("<THINK> go \n left </think><action>x</action>") == "go left"
+    assert think_text("no tags <action>open door</action> here") == "no tags here"
+
+
+@pytest.fixture(scope="module")
+def pick_game(tmp_path_factory):
+    return generate_games(tmp_path_factory.mktemp("games"), 1, 0, "train", task_types=["pick_and_place_simple"])[0]
+
+
+def _plans(walkthrough: list[str]) -> list[list[str | None]]:
+    return [
+        list(walkthrough),
+        walkthrough[:1] + ["look"] + walkthrough[1:],
+        (walkthrough[:2] + [None, "look", "inventory", "look"])[:6],
+        ["inventory"] * 6,
+    ]
+
+
+@pytest.mark.parametrize("allocation", ["adaptive", "token"])
+def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation):
+    config = AlignOPSDConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=32,
+        max_turns=6,
+        max_steps=1,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        similarity_threshold=0.5,
+        allocation=allocation,
+        seed=0,
+    )
+    trainer = AlignOPSDTrainer(
+        model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
+    )
+    walkthrough = json.loads(Path(pick_game).read_text())["walkthrough"]
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, _plans(walkthrough))
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    logged = trainer.state.log_history[0]
+    assert logged["alignopsd/match_rate"] > 0 and logged["alignopsd/aligned_views"] > 0
+    assert torch.isfinite(torch.tensor(logged["loss"]))
+    assert all(text.startswith("[Skills]") for text in trainer.last_skill_texts)
+    trajectories = trainer._last_trajectories
+    redistributed = 0
+    for trajectory, weights in zip(trajectories, trainer.last_weights):
+        counts = [len(turn.response_ids) for turn in trajectory.turns]
+        per_token = [
+            w for n, turn_w in zip(counts, weights) for w in (turn_w if isinstance(turn_w, list) else [turn_w] * n)
+        ]
+        w = torch.tensor(per_token, dtype=torch.float64)
+        assert torch.all(w >= 0.5 - 1e-9) and torch.all(w <= 1.5 + 1e-9)  # weight_bound = 0.5
+        assert w.mean().item() == pytest.approx(1.0, abs=1e-9)  # token-weighted mean advantage preserved
+        redistributed += not torch.all(w == 1.0)
+    assert redistributed >= 2
+
+
+def test_config_errors(tmp_path):
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match="allocation"):
+        AlignOPSDConfig(allocation="sentence", **base)
+    with pytest.raises(ValueError, match="span_max_turns"):
+        AlignOPSDConfig(span_min_turns=3, span_max_turns=4, **base)
