@@ -17,7 +17,7 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.decisions import embed_group, target_correspondence, think_text
 from taspo_trl.privileged.encoder import get_encoder
 from taspo_trl.rollout.records import Trajectory, Turn
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
 
 def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
@@ -86,15 +86,6 @@ def pick_game(tmp_path_factory):
     return generate_games(tmp_path_factory.mktemp("games"), 1, 0, "train", task_types=["pick_and_place_simple"])[0]
 
 
-def _plans(walkthrough: list[str]) -> list[list[str | None]]:
-    return [
-        list(walkthrough),
-        walkthrough[:1] + ["look"] + walkthrough[1:],
-        (walkthrough[:2] + [None, "look", "inventory", "look"])[:6],
-        ["inventory"] * 6,
-    ]
-
-
 @pytest.mark.parametrize("allocation", ["adaptive", "token"])
 def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation):
     config = AlignOPSDConfig(
@@ -119,7 +110,7 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
         model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
     )
     walkthrough = json.loads(Path(pick_game).read_text())["walkthrough"]
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, _plans(walkthrough))
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6))
     monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
     try:
         trainer.train()

@@ -20,7 +20,7 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
 from taspo_trl.rollout.layouts import build_rows
 
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
 MAX_TURNS = 6
 
@@ -29,18 +29,6 @@ MAX_TURNS = 6
 def pick_game(tmp_path_factory):
     games = generate_games(tmp_path_factory.mktemp("games"), per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])
     return games[0]
-
-
-def _plans(walkthrough: list[str], wins: int) -> list[list[str | None]]:
-    """``wins`` siblings reach the goal (one with a detour); the others stall and hit the turn limit."""
-    winning = [list(walkthrough), walkthrough[:1] + ["look"] + walkthrough[1:]]
-    failing = [
-        (walkthrough[:2] + [None, "look", "inventory", "look"])[:MAX_TURNS],
-        (["look", walkthrough[0], None, "inventory", "look", "look"])[:MAX_TURNS],
-        ([None] * MAX_TURNS),
-        (["inventory"] * MAX_TURNS),
-    ]
-    return (winning[:wins] + failing)[:4]
 
 
 def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", peft_config=None, **overrides):
@@ -80,7 +68,7 @@ def _walkthrough(game) -> list[str]:
 def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick_game, monkeypatch, layout):
     trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, layout)
     try:
-        batch = _run_step(trainer, dataset, _plans(_walkthrough(pick_game), wins=2), monkeypatch)
+        batch = _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
     finally:
         trainer.close()
     trajectories = trainer._last_trajectories
@@ -110,7 +98,7 @@ def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick
 def test_privileged_shifts_match_an_independent_forward(tmp_path, tiny_model_dir, pick_game, monkeypatch):
     trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
     try:
-        _run_step(trainer, dataset, _plans(_walkthrough(pick_game), wins=2), monkeypatch)
+        _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
     finally:
         trainer.close()
     trajectories, pi = trainer._last_trajectories, trainer.last_privileged_info
@@ -143,7 +131,7 @@ class _BrokenAnalyzer:
 
 @pytest.mark.parametrize("case", ["all_fail", "no_pi"])
 def test_fallback_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monkeypatch, case):
-    plans = _plans(_walkthrough(pick_game), wins=0 if case == "all_fail" else 2)
+    plans = walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=0 if case == "all_fail" else 2)
     grpo, dataset = _trainer(AgentGRPOTrainer, AgentGRPOConfig, tmp_path, tiny_model_dir, pick_game)
     taspo, _ = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
     if case == "no_pi":
@@ -172,7 +160,7 @@ def test_taspo_trains_a_step(tmp_path, tiny_model_dir, pick_game, monkeypatch, u
         TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, allocation_unit=unit,
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if use_peft else None,
     )
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, _plans(_walkthrough(pick_game), wins=2))
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2))
     monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
     try:
         trainer.train()

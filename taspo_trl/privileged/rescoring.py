@@ -42,24 +42,37 @@ def privileged_prompt_ids(trajectory: Trajectory, turn: int, privileged_info: st
 
 
 def score_continuations(
-    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], logprob_fn: LogProbFn, pad_token_id: int, min_rows: int = 0
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    logprob_fn: LogProbFn,
+    pad_token_id: int,
+    min_rows: int = 0,
+    batch_size: int = 8,
 ) -> list[torch.Tensor]:
-    """log-probs of each continuation given its prompt, as one padded batch (``logprob_fn`` micro-batches it).
+    """log-probs of each continuation given its prompt.
 
-    ``min_rows`` pads the batch with one-token rows so every process runs the same number of forward passes."""
+    Rows are sorted by length and scored ``batch_size`` at a time, each chunk padded only to its own longest
+    row (privileged prompts vary a lot in length, and padding every row to the batch maximum would waste most
+    of the pass). ``min_rows`` pads with one-token rows so every process runs the same number of forward passes.
+    """
     pairs = list(pairs) + [([pad_token_id], [pad_token_id])] * max(0, min_rows - len(pairs))
-    if not pairs:
-        return []
-    width_p, width_c = max(len(p) for p, _ in pairs), max(len(c) for _, c in pairs)
-    input_ids = torch.full((len(pairs), width_p + width_c), pad_token_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    for k, (p, c) in enumerate(pairs):
-        input_ids[k, width_p - len(p) : width_p] = torch.tensor(list(p))
-        input_ids[k, width_p : width_p + len(c)] = torch.tensor(list(c))
-        attention[k, width_p - len(p) : width_p + len(c)] = 1
-    with torch.no_grad():
-        logps = logprob_fn(input_ids, attention, width_c).float().cpu()
-    return [logps[k, : len(c)] for k, (_, c) in enumerate(pairs)]
+    order = sorted(range(len(pairs)), key=lambda k: len(pairs[k][0]) + len(pairs[k][1]))
+    out: list[torch.Tensor | None] = [None] * len(pairs)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        width_p = max(len(pairs[k][0]) for k in chunk)
+        width_c = max(len(pairs[k][1]) for k in chunk)
+        input_ids = torch.full((len(chunk), width_p + width_c), pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, k in enumerate(chunk):
+            p, c = pairs[k]
+            input_ids[row, width_p - len(p) : width_p] = torch.tensor(list(p))
+            input_ids[row, width_p : width_p + len(c)] = torch.tensor(list(c))
+            attention[row, width_p - len(p) : width_p + len(c)] = 1
+        with torch.no_grad():
+            logps = logprob_fn(input_ids, attention, width_c).float().cpu()
+        for row, k in enumerate(chunk):
+            out[k] = logps[row, : len(pairs[k][1])]
+    return out  # type: ignore[return-value]
 
 
 def privileged_token_shifts(
@@ -72,6 +85,7 @@ def privileged_token_shifts(
     pad_token_id: int,
     min_rows: int = 0,
     action_only: bool = True,
+    batch_size: int = 8,
 ) -> dict[tuple[int, int], torch.Tensor]:
     """Eq. 3 shifts Delta_itk of each rescored turn, keyed by (trajectory, turn): over the ACTION span (TASPO),
     or over the whole response with ``action_only=False`` (AlignOPSD's local gap g0).
@@ -87,7 +101,7 @@ def privileged_token_shifts(
         traj = rows.row_trajectory[r]
         first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)
         pairs.append((privileged_prompt_ids(trajectories[traj], first_turn, pi_texts[traj], chat), rows.completion_ids[r]))
-    privileged = score_continuations(pairs, logprob_fn, pad_token_id, min_rows)
+    privileged = score_continuations(pairs, logprob_fn, pad_token_id, min_rows, batch_size)
     shifts_by_row = [
         (privileged[k] - torch.as_tensor(plain_logprobs[r][: len(privileged[k])], dtype=torch.float32)).tolist()
         for k, r in enumerate(keep)

@@ -49,3 +49,19 @@ class PlannedGenerator:
             out.append(Generation(ids, logprobs.gather(1, torch.tensor(ids, device=device)[:, None]).squeeze(1).tolist(), True))
         self.calls += 1
         return out
+
+
+def walkthrough_plans(walkthrough: list[str], max_turns: int, wins: int = 2) -> list[list[str | None]]:
+    """Four sibling plans for one game: ``wins`` of them reach the goal (the walkthrough, then the walkthrough
+    with a detour), the others stall until ``max_turns`` (a partial attempt with a malformed turn, an attempt
+    that never opens the goal receptacle, only malformed turns, only ``inventory``)."""
+    if len(walkthrough) + 1 > max_turns:
+        raise ValueError(f"max_turns={max_turns} is too short for a {len(walkthrough)}-step walkthrough with a detour")
+    winning = [list(walkthrough), walkthrough[:1] + ["look"] + walkthrough[1:]]
+    failing: list[list[str | None]] = [
+        (walkthrough[:2] + [None, "look", "inventory"] + ["look"] * max_turns)[:max_turns],
+        (["look", walkthrough[0], None, "inventory"] + ["look"] * max_turns)[:max_turns],
+        [None] * max_turns,
+        ["inventory"] * max_turns,
+    ]
+    return (winning[:wins] + failing)[:4]

@@ -147,6 +147,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and active[r])),
             action_only=False,
+            batch_size=self.rescore_batch_size,
         )
         rescoring_seconds = time.perf_counter() - started
 
@@ -180,7 +181,11 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                         requests.append((prompt, trajectories[i].turns[t].response_ids))
                         owners.append((i, t, source))
         aligned = score_continuations(
-            requests, self._snapshot_logprobs, self._tokenizer.pad_token_id, min_rows=self._max_over_processes(len(requests))
+            requests,
+            self._snapshot_logprobs,
+            self._tokenizer.pad_token_id,
+            min_rows=self._max_over_processes(len(requests)),
+            batch_size=self.rescore_batch_size,
         )
         aligned_gaps: dict[tuple[int, int, int], torch.Tensor] = {}
         for (i, t, source), logps in zip(owners, aligned):

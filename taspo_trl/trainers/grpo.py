@@ -187,9 +187,13 @@ class AgentGRPOTrainer(GRPOTrainer):
             input_ids.to(device),
             attention_mask.to(device),
             logits_to_keep,
-            batch_size=self.args.rescore_batch_size or self.args.per_device_train_batch_size,
+            batch_size=self.rescore_batch_size,
         )
         return logps
+
+    @property
+    def rescore_batch_size(self) -> int:
+        return self.args.rescore_batch_size or self.args.per_device_train_batch_size
 
     def _max_over_processes(self, value: int) -> int:
         """Processes must run the same number of forward passes (DeepSpeed ZeRO-3 gathers weights collectively),

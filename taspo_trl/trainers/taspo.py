@@ -174,6 +174,7 @@ class TASPOTrainer(AgentGRPOTrainer):
             plain_rows,
             self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and usable[r])),
+            batch_size=self.rescore_batch_size,
         )
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
 

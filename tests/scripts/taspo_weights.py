@@ -18,18 +18,13 @@ from datasets import Dataset
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import task_spec_rows
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
 
 def main() -> None:
     model_dir, game_file, out = sys.argv[1], sys.argv[2], sys.argv[3]
     walkthrough = json.loads(Path(game_file).read_text())["walkthrough"]
-    plans = [
-        list(walkthrough),
-        walkthrough[:1] + ["look"] + walkthrough[1:],
-        (walkthrough[:2] + [None, "look", "inventory", "look"])[:6],
-        ["inventory"] * 6,
-    ]
+    plans = walkthrough_plans(walkthrough, 6)
     rows = task_spec_rows([game_file])
     config = TASPOConfig(
         output_dir=str(Path(out).parent / "trainer"),
