@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -91,12 +93,30 @@ def main() -> None:
     parser.add_argument("--model", default=EMBEDDED_MODEL)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layout", default="turn", choices=["turn", "sequence"])
+    parser.add_argument("--only", choices=list(METHODS), help=argparse.SUPPRESS)  # one method, in a child process
+    parser.add_argument("--game", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     model = resolve_model_path(args.model)
+    if args.only:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = _time_method(args.only, model, Path(args.game), args.steps, args.layout, Path(tmp))
+        Path(args.out).write_text(json.dumps(result))
+        return
+
+    # Each method trains in a fresh process, so one method's memory never slows the next one down.
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         game = generate_games(Path(tmp) / "games", 1, 0, "train", task_types=["pick_and_place_simple"])[0]
-        results = {name: _time_method(name, model, game, args.steps, args.layout, Path(tmp)) for name in METHODS}
+        for name in METHODS:
+            out = Path(tmp) / f"{name}.json"
+            subprocess.run(
+                [sys.executable, __file__, "--only", name, "--game", str(game), "--out", str(out),
+                 "--model", args.model, "--steps", str(args.steps), "--layout", args.layout],
+                check=True,
+            )
+            results[name] = json.loads(out.read_text())
 
     print(f"model={args.model} layout={args.layout} steps={args.steps} rows/step={results['grpo']['rows']}")
     for name, result in results.items():
