@@ -29,3 +29,25 @@ def embedded_tokenizer(embedded_model_path):
 def tiny_model_dir(tmp_path_factory, embedded_model_path) -> str:
     """A tiny random-weight Llama saved with the embedded tokenizer, for fast forward passes."""
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"), tokenizer_source=embedded_model_path)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny encoder batches run as fast on one thread, and stay fast when other jobs load the CPU (OpenMP
+    threads spin badly when the cores are oversubscribed); restored afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The shared offline sentence encoder (pays the sentence-transformers import once per session)."""
+    from taspo_trl.privileged.encoder import get_encoder
+
+    loaded = get_encoder()
+    loaded.encode(["warm up"])
+    return loaded

@@ -21,22 +21,7 @@ from taspo_trl.privileged.encoder import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny encoder batches run as fast on one thread, and stay fast when other jobs load the CPU (OpenMP
-    threads spin badly when the cores are oversubscribed); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def encoder() -> SentenceEncoder:
-    """The shared embedded encoder (pays the sentence-transformers import once per session)."""
-    enc = get_encoder()
-    enc.encode(["warm up"])
-    return enc
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _OFFLINE_CHILD = textwrap.dedent(

@@ -9,7 +9,6 @@ import zlib
 import pytest
 import torch
 
-from taspo_trl.privileged.encoder import get_encoder
 from taspo_trl.privileged.skillbank import (
     SHIPPED_BANKS,
     SKILLS_FOOTER,
@@ -73,21 +72,7 @@ def write_jsonl(path, lines):
     return path
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny encoder batches run as fast on one thread, and stay fast when other jobs load the CPU (OpenMP
-    threads spin badly when the cores are oversubscribed); restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def encoder():
-    enc = get_encoder()
-    enc.encode(["warm up"])
-    return enc
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import adaptive_threshold, correspondence_shifts, segment_spans
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.decisions import embed_group, target_correspondence, think_text
-from taspo_trl.privileged.encoder import get_encoder
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
@@ -26,11 +25,6 @@ def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
         text = f"<think>{think}</think> <action>{action}</action>"
         trajectory.turns.append(Turn([1], [2], [0.0], text, action, True, "ok", (0, 1), "..."))
     return trajectory
-
-
-@pytest.fixture(scope="module")
-def encoder():
-    return get_encoder()
 
 
 def test_hand_built_group_correspondence_and_spans(encoder):
