@@ -11,7 +11,7 @@ from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.layouts import NOT_POLICY, build_rows
 from taspo_trl.rollout.loop import run_agent_loop, task_spec_from_row
 
-from toy_envs import ScriptedGenerator, locker_factory
+from toy_envs import QuizEnv, ScriptedGenerator, locker_factory, quiz_factory
 
 GOOD = "<think>The key is in locker 3.</think> <action>open locker 3</action>"
 WRONG = "<think>Try the first one.</think> <action>open locker 1</action>"
@@ -160,3 +160,20 @@ def test_sampling_logprobs_match_a_forward_pass(tiny_model_dir, chat):
             logits = model(ids).logits[0, len(prompt) - 1 : -1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
+
+
+def test_multi_tag_environment_gets_canonical_blocks_in_batched_steps(chat):
+    QuizEnv.batch_sizes.clear()
+    pool = EnvPool(quiz_factory)
+    responses = ["<think>Not sure.</think> <LOOK> capital </LOOK>", "<think>Got it.</think><answer>Quizville</answer>"]
+    generator = ScriptedGenerator(chat.tokenizer, responses)
+    try:
+        trajectories = run_agent_loop([{}, {}, {}], pool, generator, chat)
+    finally:
+        pool.shutdown()
+    assert QuizEnv.batch_sizes == [3, 3]  # one step_many call per turn over all live episodes
+    assert [t.action for t in trajectories[0].turns] == ["<look>capital</look>", "<answer>Quizville</answer>"]
+    assert all(t.won for t in trajectories)
+    prompt = trajectories[0].turns[0].prompt_text
+    assert "Look things up with <look> topic </look>." in prompt
+    assert "<look> </look> or <answer> </answer>" in prompt

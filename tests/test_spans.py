@@ -13,6 +13,7 @@ from taspo_trl.rollout.spans import (
     find_action_block,
     locate_action_span,
     parse_action,
+    parse_env_action,
 )
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -299,3 +300,22 @@ def test_parse_action_never_raises(text: str) -> None:
     parsed = parse_action(text)
     assert parsed.valid == (parsed.reason == "ok")
     assert parsed.valid or parsed.action == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>x</think><search> who  </search>", ParsedAction("<search>who</search>", True, "ok")),
+        ("<Answer>Paris</Answer> <search>q</search>", ParsedAction("<answer>Paris</answer>", True, "ok")),
+        ("no block at all", ParsedAction("", False, "no_tag")),
+        ("<search>   </search>", ParsedAction("", False, "empty")),
+        ("<search>unclosed", ParsedAction("", False, "no_tag")),
+    ],
+)
+def test_parse_env_action_with_several_tags(text: str, expected: ParsedAction) -> None:
+    assert parse_env_action(text, ("search", "answer")) == expected
+
+
+def test_parse_env_action_with_one_tag_is_parse_action() -> None:
+    text = "<action>go to desk 1</action>"
+    assert parse_env_action(text, ("action",)) == parse_action(text) == ParsedAction("go to desk 1", True, "ok")

@@ -66,3 +66,47 @@ class ScriptedGenerator:
             out.append(Generation(ids, [-1.0] * len(ids), True))
         return out
 
+
+
+class QuizEnv:
+    """Two action kinds, like Search-QA: ``<look>topic</look>`` reveals a hint, ``<answer>x</answer>`` ends the
+    episode. ``step_many`` records how many episodes each batched call stepped."""
+
+    action_tags = ("look", "answer")
+    action_tag = "answer"
+    env_name = "quiz"
+    instructions = "Look things up with <look> topic </look>."
+    admissible_commands = None
+    batch_sizes: list[int] = []
+
+    def __init__(self, max_turns: int = 3):
+        self.max_turns = max_turns
+        self.received: list[str] = []
+
+    @property
+    def task(self) -> str:
+        return "name the capital of the quiz country"
+
+    def reset(self) -> str:
+        return "Ask or answer."
+
+    def step(self, action: str) -> StepResult:
+        self.received.append(action)
+        if action.startswith("<answer>"):
+            won = action == "<answer>Quizville</answer>"
+            return StepResult("Done.", float(won), True, {"won": won})
+        if action.startswith("<look>"):
+            return StepResult("The capital is Quizville.", 0.0, False, {"won": False})
+        return StepResult("Use <look> or <answer>.", 0.0, False, {"won": False})
+
+    @staticmethod
+    def step_many(envs: list["QuizEnv"], actions: list[str]) -> list[StepResult]:
+        QuizEnv.batch_sizes.append(len(envs))
+        return [env.step(action) for env, action in zip(envs, actions, strict=True)]
+
+    def close(self) -> None:
+        pass
+
+
+def quiz_factory(spec: dict) -> QuizEnv:
+    return QuizEnv(int(spec.get("max_turns", 3)))

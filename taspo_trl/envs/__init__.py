@@ -13,7 +13,19 @@ def _alfworld() -> EnvFactory:
     return alfworld_env_factory
 
 
-_REGISTRY: dict[str, Callable[[], EnvFactory]] = {"alfworld": _alfworld}
+def _search() -> EnvFactory:
+    from .search import search_env_factory
+
+    return search_env_factory
+
+
+def _webshop() -> EnvFactory:
+    from .webshop import webshop_env_factory
+
+    return webshop_env_factory
+
+
+_REGISTRY: dict[str, Callable[[], EnvFactory]] = {"alfworld": _alfworld, "search": _search, "webshop": _webshop}
 
 
 def register_env(name: str, factory_loader: Callable[[], EnvFactory]) -> None:

@@ -4,6 +4,17 @@ An environment is one episode of one task. The agent loop creates it from a task
 dataset row), calls ``reset()`` once, then ``step(action)`` with the action text extracted from the model's
 ``<action>...</action>`` block (the empty string when the response had no valid block). Malformed or
 non-admissible actions are normal: the environment answers as the real game would and never raises.
+
+Optional attributes an environment may define (the agent loop reads them with defaults):
+
+- ``action_tags`` (tuple of str, default ``(action_tag,)``): the tags the policy may answer with. With one tag,
+  ``step`` receives the block's stripped content. With several (Search-QA's ``("search", "answer")``), ``step``
+  receives the first complete block in canonical form, ``"<search>query</search>"``, and parses it itself.
+- ``instructions`` (str): extra prompt text that explains the action format, shown before the closing line.
+- ``step_many(envs, actions)`` (a staticmethod): steps several episodes of this class at once and returns one
+  ``StepResult`` each, e.g. to send one batched retrieval request for all live trajectories of a turn.
+- ``task_type`` (str): the task family or dataset name that evaluation tables group by.
+- ``info["score"]`` (float): a graded score next to the binary ``info["won"]`` (WebShop's score, Search-QA's EM).
 """
 
 from __future__ import annotations
@@ -74,7 +85,7 @@ class PromptTemplate:
         history: list[tuple[str, str]],
         admissible: list[str] | None,
         turn: int,
-        action_tag: str = "action",
+        action_tags: str | tuple[str, ...] = "action",
         extra_instructions: str = "",
     ) -> str:
         lines = [f"You are an expert agent operating in a text environment. Your task is: {task}"]
@@ -86,15 +97,19 @@ class PromptTemplate:
                 lines.append(f"[Step {first + k}] Observation: {_clip(obs, self.max_observation_chars)}")
                 lines.append(f"[Step {first + k}] Action: {act}")
         lines.append(f"Current observation (step {turn + 1}): {_clip(observation, self.max_observation_chars)}")
-        lines += self._closing(admissible, action_tag, extra_instructions)
+        lines += self._closing(admissible, action_tags, extra_instructions)
         return "\n".join(lines)
 
-    def render_followup(self, observation: str, admissible: list[str] | None, turn: int, action_tag: str = "action") -> str:
+    def render_followup(
+        self, observation: str, admissible: list[str] | None, turn: int, action_tags: str | tuple[str, ...] = "action"
+    ) -> str:
         """The user message of a later turn in the ``sequence`` layout, where the history is in context."""
         lines = [f"Observation (step {turn + 1}): {_clip(observation, self.max_observation_chars)}"]
-        return "\n".join(lines + self._closing(admissible, action_tag, ""))
+        return "\n".join(lines + self._closing(admissible, action_tags, ""))
 
-    def _closing(self, admissible: list[str] | None, action_tag: str, extra_instructions: str) -> list[str]:
+    def _closing(
+        self, admissible: list[str] | None, action_tags: str | tuple[str, ...], extra_instructions: str
+    ) -> list[str]:
         lines = []
         if admissible:
             shown = admissible[: self.max_admissible]
@@ -102,10 +117,9 @@ class PromptTemplate:
             lines.append("Admissible actions: " + ", ".join(f"'{a}'" for a in shown) + more)
         if extra_instructions:
             lines.append(extra_instructions)
-        lines.append(
-            "First reason step by step inside <think> </think>. Then give exactly one action inside "
-            f"<{action_tag}> </{action_tag}>."
-        )
+        tags = (action_tags,) if isinstance(action_tags, str) else tuple(action_tags)
+        blocks = " or ".join(f"<{tag}> </{tag}>" for tag in tags)
+        lines.append(f"First reason step by step inside <think> </think>. Then give exactly one action inside {blocks}.")
         return lines
 
 

@@ -28,6 +28,8 @@ class EpisodeStart:
     env_name: str
     task_type: str | None
     error: str | None = None
+    action_tags: tuple[str, ...] = ()
+    instructions: str = ""
 
 
 def _start(env: AgentEnv) -> EpisodeStart:
@@ -40,6 +42,8 @@ def _start(env: AgentEnv) -> EpisodeStart:
         max_turns=int(getattr(env, "max_turns", 50)),
         env_name=getattr(env, "env_name", type(env).__name__),
         task_type=getattr(env, "task_type", None),
+        action_tags=tuple(getattr(env, "action_tags", ())) or (getattr(env, "action_tag", "action"),),
+        instructions=str(getattr(env, "instructions", "") or ""),
     )
 
 
@@ -86,14 +90,29 @@ class _LocalEpisodes:
         return out
 
     def step(self, items: list[tuple[int, str]]) -> list[StepResult]:
-        out = []
-        for key, action in items:
+        out: list[StepResult | None] = [None] * len(items)
+        batched: dict[type, list[int]] = {}
+        for i, (key, action) in enumerate(items):
             env = self.envs.get(key)
             if env is None:
-                out.append(_failed_step(action, "episode was never started"))
+                out[i] = _failed_step(action, "episode was never started")
+            elif hasattr(type(env), "step_many"):
+                batched.setdefault(type(env), []).append(i)
             else:
-                out.append(_safe_step(env, action))
-        return out
+                out[i] = _safe_step(env, action)
+        for env_class, indices in batched.items():
+            envs = [self.envs[items[i][0]] for i in indices]
+            actions = [items[i][1] for i in indices]
+            try:
+                results = list(env_class.step_many(envs, actions))
+                if len(results) != len(indices):
+                    raise RuntimeError(f"step_many returned {len(results)} results for {len(indices)} actions")
+            except Exception as exc:  # a batching bug falls back to one step at a time rather than ending the run
+                logger.warning("%s.step_many failed (%s); stepping one by one", env_class.__name__, exc)
+                results = [_safe_step(env, action) for env, action in zip(envs, actions, strict=True)]
+            for i, result in zip(indices, results, strict=True):
+                out[i] = result if isinstance(result, StepResult) else StepResult(*result)
+        return out  # type: ignore[return-value]
 
     def close(self, items: list[tuple[int, Any]]) -> list[None]:
         for key, _ in items:

@@ -21,7 +21,7 @@ from .chat import ChatFormat
 from .env_pool import EnvPool
 from .generation import Generator
 from .records import Trajectory, Turn
-from .spans import locate_action_span, parse_action
+from .spans import locate_action_span, parse_env_action
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +128,14 @@ def run_agent_loop(
             break
         prompts: dict[int, tuple[list[int], str]] = {}
         for k in list(live):
-            tag = starts[k].action_tag
+            tags, instructions = starts[k].action_tags or (starts[k].action_tag,), starts[k].instructions
             if layout == "turn" or turn == 0:
-                text = template.render(trajectories[k].task, observation[k], history[k], admissible[k], turn, tag)
+                text = template.render(
+                    trajectories[k].task, observation[k], history[k], admissible[k], turn, tags, instructions
+                )
                 ids = chat.first_prompt_ids(text)
             else:
-                text = template.render_followup(observation[k], admissible[k], turn, tag)
+                text = template.render_followup(observation[k], admissible[k], turn, tags)
                 ids = sequence_ids[k] + chat.continuation_ids(text, stop_texts.get(k, ""))
             if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
                 logger.info("trajectory %d ends at turn %d: prompt of %d tokens exceeds %d", k, turn, len(ids), max_prompt_tokens)
@@ -145,9 +147,8 @@ def run_agent_loop(
         generations = generate([prompts[k][0] for k in order])
         actions: dict[int, str] = {}
         for k, gen in zip(order, generations, strict=True):
-            tag = starts[k].action_tag
             response_text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            parsed = parse_action(response_text, tag=tag)
+            parsed = parse_env_action(response_text, starts[k].action_tags or (starts[k].action_tag,))
             span = locate_action_span(tokenizer, gen.token_ids, response_text, tags=ACTION_TAGS)
             trajectories[k].turns.append(
                 Turn(

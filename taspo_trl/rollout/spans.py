@@ -145,6 +145,22 @@ class ParsedAction:
     reason: str
 
 
+def parse_env_action(text: str, tags: Sequence[str]) -> ParsedAction:
+    """The action an environment receives: with one tag, the block's content (:func:`parse_action`); with
+    several (Search-QA's ``search``/``answer``), the first complete block of any of them in canonical form,
+    ``"<search>query</search>"``, so the environment knows which kind of action it got."""
+    if len(tags) == 1:
+        return parse_action(text, tag=tags[0])
+    match = _block_pattern(tuple(tags)).search(text)
+    if match is None:
+        return ParsedAction("", False, "no_tag")
+    content = match.group(2).strip()
+    if not content:
+        return ParsedAction("", False, "empty")
+    tag = match.group(1).lower()
+    return ParsedAction(f"<{tag}>{content}</{tag}>", True, "ok")
+
+
 def parse_action(text: str, tag: str = "action") -> ParsedAction:
     """Extract the stripped content of exactly one ``<tag>...</tag>`` block (tag name in any case)."""
     opening = re.compile(rf"<{re.escape(tag)}>", re.IGNORECASE)
