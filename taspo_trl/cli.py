@@ -25,23 +25,37 @@ logger = logging.getLogger("taspo_trl")
 
 @dataclass
 class AgentScriptArguments:
-    """What to train on, beyond the trainer config.
+    """What to train on, beyond the trainer config (whose `environment` field names the benchmark).
 
     Parameters:
-        method (`str`, defaults to `"grpo"`): credit method (`grpo`).
+        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS`.
         games_dir (`str`): ALFWorld game folder; generated there with the embedded generator when it holds no
             `.tw-pddl` file. Official games (`$ALFWORLD_DATA/json_2.1.1/train`) work the same way.
         games_per_type (`int`, defaults to `2`): generated games per task family when generating.
         games_seed (`int`, defaults to `0`): generator seed.
         games_split (`str`, defaults to `"train"`): generator split (`train`, `eval_seen`, `eval_unseen`).
+        task_source (`str`, defaults to `"embedded"`): Search-QA: `embedded` or a folder of the official
+            Search-R1 files; WebShop: `embedded`.
+        task_split (`str`, defaults to `"train"`): Search-QA `train`/`test`; WebShop `train`/`eval`.
+        datasets (`list[str]` or `None`): Search-QA datasets to use from `task_source` (default: all found).
+        retriever (`str`, defaults to `"embedded"`): Search-QA retriever: `embedded` (bm25s over the shipped
+            corpus) or the URL of a Search-R1-style retrieval server (`http://127.0.0.1:8000`).
+        retrieval_topk (`int`, defaults to `3`): Search-QA documents per search.
+        webshop_url (`str` or `None`): WebShop: URL of a running official WebShop server; `None` = embedded.
         max_tasks (`int` or `None`): use at most this many tasks (after sorting, for reproducibility).
     """
 
-    method: str = field(default="grpo", metadata={"help": "Credit method: grpo."})
+    method: str = field(default="grpo", metadata={"help": "Credit method (a key of taspo_trl.trainers.CONFIGS)."})
     games_dir: str = field(default="outputs/alfworld_games/train", metadata={"help": "ALFWorld game folder."})
     games_per_type: int = field(default=2, metadata={"help": "Generated games per task family."})
     games_seed: int = field(default=0, metadata={"help": "Generator seed."})
     games_split: str = field(default="train", metadata={"help": "Generator split."})
+    task_source: str = field(default="embedded", metadata={"help": "Search-QA/WebShop task source."})
+    task_split: str = field(default="train", metadata={"help": "Search-QA/WebShop split."})
+    datasets: list[str] | None = field(default=None, metadata={"help": "Search-QA datasets."})
+    retriever: str = field(default="embedded", metadata={"help": "Search-QA retriever: embedded or a URL."})
+    retrieval_topk: int = field(default=3, metadata={"help": "Search-QA documents per search."})
+    webshop_url: str | None = field(default=None, metadata={"help": "Official WebShop server URL."})
     max_tasks: int | None = field(default=None, metadata={"help": "Use at most this many tasks."})
 
 
@@ -69,61 +83,108 @@ def _method_from_argv(argv: list[str]) -> str:
     return "grpo"
 
 
-def build_alfworld_dataset(script_args: AgentScriptArguments) -> Any:
-    """The task rows of an ALFWorld game folder, generating the folder's games first when it is empty."""
-    from datasets import Dataset
+def alfworld_game_files(games_dir: str | Path, per_type: int, seed: int, split: str) -> list[Path]:
+    """The ``.tw-pddl`` files of a folder, generating ``per_type`` games per family there when it has none."""
+    from .envs.alfworld import find_game_files, generate_games
 
-    from .envs.alfworld import find_game_files, generate_games, task_spec_rows
-
-    games_dir = Path(script_args.games_dir)
+    games_dir = Path(games_dir)
     files = find_game_files(games_dir) if games_dir.exists() else []
     if not files:
         print(
-            f"[taspo-train] no games in {games_dir}: generating {script_args.games_per_type} per task family "
-            f"(split={script_args.games_split}, seed={script_args.games_seed})",
+            f"[taspo] no games in {games_dir}: generating {per_type} per task family (split={split}, seed={seed})",
             flush=True,
         )
-        files = generate_games(games_dir, script_args.games_per_type, script_args.games_seed, script_args.games_split)
-    files = sorted(files)[: script_args.max_tasks] if script_args.max_tasks else sorted(files)
-    return Dataset.from_list(task_spec_rows(files))
+        files = generate_games(games_dir, per_type, seed, split)
+    return sorted(files)
 
 
-def train_main(argv: list[str] | None = None) -> None:
-    """``taspo-train``: parse the recipe, build the dataset and trainer, train, save."""
+def build_task_rows(environment: str, script_args: AgentScriptArguments, max_turns: int | None = None) -> list[dict]:
+    """The dataset rows (one task each) of ``environment``, as selected by the script arguments."""
+    if environment == "alfworld":
+        from .envs.alfworld import task_spec_rows
+
+        files = alfworld_game_files(
+            script_args.games_dir, script_args.games_per_type, script_args.games_seed, script_args.games_split
+        )
+        rows = task_spec_rows(files[: script_args.max_tasks] if script_args.max_tasks else files)
+    elif environment == "search":
+        from .envs.search import search_task_rows
+
+        rows = search_task_rows(
+            source=script_args.task_source,
+            split=script_args.task_split,
+            datasets=script_args.datasets,
+            max_tasks=script_args.max_tasks,
+            retriever=script_args.retriever,
+            topk=script_args.retrieval_topk,
+            **({"max_turns": max_turns} if max_turns else {}),
+        )
+    elif environment == "webshop":
+        from .envs.webshop import webshop_task_rows
+
+        rows = webshop_task_rows(
+            source=script_args.task_source,
+            split=script_args.task_split,
+            max_tasks=script_args.max_tasks,
+            seed=script_args.games_seed,
+            url=script_args.webshop_url,
+            **({"max_turns": max_turns} if max_turns else {}),
+        )
+    else:
+        raise SystemExit(
+            f"taspo: environment {environment!r} has no task builder; use alfworld, search or webshop, or build "
+            "the dataset in Python and call the trainer directly (see README, 'Bring your own environment')."
+        )
+    if not rows:
+        raise SystemExit(f"taspo: no tasks found for environment {environment!r} with {script_args}.")
+    return rows
+
+
+def build_trainer(argv: list[str], callbacks: list | None = None, model_override: str | None = None) -> Any:
+    """Parse a recipe plus command-line overrides and build its dataset and trainer (no training).
+
+    ``model_override`` replaces the recipe's model (the recipe tests build every recipe with a tiny model).
+    """
+    from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config
 
     from .models import resolve_model_path
-    from .trainers import TRAINERS
-    from .trainers.progress import ProgressPrinter
+    from .trainers import BASELINES, TRAINERS
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     method = _method_from_argv(argv)
     config_class = _method_config_class(method)
+    if method in BASELINES and "--baseline" not in argv:
+        argv = [*argv, "--baseline", method]
     parser = TrlParser((AgentScriptArguments, config_class, ModelConfig))
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
 
-    if not model_args.model_name_or_path:
+    name = model_override or model_args.model_name_or_path
+    if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    if config.environment != "alfworld":
-        raise SystemExit(f"taspo-train: environment {config.environment!r} has no dataset builder yet.")
-    dataset = build_alfworld_dataset(script_args)
+    model_path = resolve_model_path(name)
+    dataset = Dataset.from_list(build_task_rows(config.environment, script_args, config.max_turns))
     print(f"[taspo-train] method={method} env={config.environment} tasks={len(dataset)} model={model_path}", flush=True)
-
-    trainer = TRAINERS[method](
+    return TRAINERS[method](
         model=model_path,
         args=config,
         train_dataset=dataset,
         peft_config=get_peft_config(model_args),
-        callbacks=[ProgressPrinter()],
+        callbacks=callbacks,
     )
+
+
+def train_main(argv: list[str] | None = None) -> None:
+    """``taspo-train``: parse the recipe, build the dataset and trainer, train, save."""
+    from .trainers.progress import ProgressPrinter
+
+    trainer = build_trainer(list(sys.argv[1:] if argv is None else argv), callbacks=[ProgressPrinter()])
     try:
         trainer.train()
     finally:
         trainer.close()
-    trainer.save_model(config.output_dir)
-    print(f"[taspo-train] done; model saved to {os.path.abspath(config.output_dir)}", flush=True)
+    trainer.save_model(trainer.args.output_dir)
+    print(f"[taspo-train] done; model saved to {os.path.abspath(trainer.args.output_dir)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -169,12 +169,21 @@ def load_model_and_tokenizer(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer (the embedded name is resolved first), ready for generation."""
+    """Load a causal LM and its tokenizer (the embedded name is resolved first), ready for generation.
+
+    A PEFT adapter folder (``adapter_config.json``, as a LoRA run saves) loads its base model with the adapter
+    merged in.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name_or_path)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    if (Path(path) / "adapter_config.json").is_file():  # a LoRA checkpoint: its base model plus the adapter, merged
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload().to(device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if model.generation_config is not None and model.generation_config.pad_token_id is None:

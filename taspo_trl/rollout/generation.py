@@ -66,7 +66,8 @@ class TransformersGenerator:
         model: the policy (a PEFT model works); switched to eval mode while generating.
         tokenizer: its tokenizer (needs ``pad_token_id``).
         max_new_tokens: response limit per turn (paper: 512).
-        temperature, top_p, top_k: sampling settings (paper: 1.0 / 1.0 / none).
+        temperature, top_p, top_k: sampling settings (paper: 1.0 / 1.0 / none); temperature 0 decodes greedily
+            (the recorded log-probs are then those of the untempered distribution).
         batch_size: sequences per ``generate`` call; ``None`` = all live trajectories at once.
         model_context: a callable returning a context manager that yields the model to generate with
             (TRL's ``unwrap_model_for_generation`` under DeepSpeed/DDP); default uses ``model`` as is.
@@ -84,8 +85,8 @@ class TransformersGenerator:
         stop_token_ids: list[int] | None = None,
         model_context: Callable[[], Any] | None = None,
     ):
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {temperature}.")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {temperature}.")
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -123,14 +124,14 @@ class TransformersGenerator:
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
-        recorder = _SampledLogProbRecorder(self.temperature, width)
+        greedy = self.temperature == 0
+        recorder = _SampledLogProbRecorder(1.0 if greedy else self.temperature, width)
+        sampling = {} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
         sequences = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            do_sample=True,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
+            do_sample=not greedy,
+            **sampling,
             max_new_tokens=self.max_new_tokens,
             eos_token_id=self.stop_token_ids,
             pad_token_id=self.pad_token_id,

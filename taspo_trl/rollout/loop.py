@@ -128,7 +128,9 @@ def run_agent_loop(
             break
         prompts: dict[int, tuple[list[int], str]] = {}
         for k in list(live):
-            tags, instructions = starts[k].action_tags or (starts[k].action_tag,), starts[k].instructions
+            tags = starts[k].action_tags or (starts[k].action_tag,)
+            # A spec's "guidance" (e.g. Skill-GRPO's retrieved skills) is shown to the policy with the env's own text.
+            instructions = "\n".join(x for x in (starts[k].instructions, task_specs[k].get("guidance", "")) if x)
             if layout == "turn" or turn == 0:
                 text = template.render(
                     trajectories[k].task, observation[k], history[k], admissible[k], turn, tags, instructions

@@ -29,6 +29,7 @@ from trl.trainer.utils import pad
 
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
+from ..privileged.skillbank import SkillBank
 from ..envs import EnvFactory, PromptTemplate, get_env_factory
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
@@ -75,6 +76,11 @@ class AgentGRPOConfig(GRPOConfig):
         rescore_batch_size (`int` or `None`, defaults to `None`):
             Rows per forward pass in the privileged rescoring passes of TASPO / AlignOPSD; `None` =
             `per_device_train_batch_size`.
+        prompt_skill_bank (`str` or `None`, defaults to `None`):
+            Skill-GRPO (SDAR's baseline): a SkillBank (`alfworld`, `webshop`, `searchqa` or a JSONL path) whose
+            top-`prompt_skill_top_k` skills for each task are shown in the policy's own prompt. `None`: no skills.
+        prompt_skill_top_k (`int`, defaults to `2`):
+            Skills retrieved per task for `prompt_skill_bank`.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -88,6 +94,8 @@ class AgentGRPOConfig(GRPOConfig):
     advantage_epsilon: float = field(default=1e-4, metadata={"help": "delta in the GRPO advantage (Sec. 3.1)."})
     rollout_batch_size: int | None = field(default=None, metadata={"help": "Sequences per generate call."})
     rescore_batch_size: int | None = field(default=None, metadata={"help": "Rows per privileged forward."})
+    prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skill-GRPO: skills in the policy prompt."})
+    prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -161,6 +169,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.env_factory = env_factory or get_env_factory(args.environment)
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers)
         self._last_trajectories: list[Trajectory] = []
+        self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
 
     # ---- the credit hook -------------------------------------------------------------------------------
 
@@ -174,6 +183,15 @@ class AgentGRPOTrainer(GRPOTrainer):
         token (token-level allocation ablations).
         """
         return [[1.0] * t.num_turns for t in trajectories]
+
+    def turn_advantages(
+        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
+    ) -> list[list[float | list[float]]]:
+        """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
+        :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
+        weights = self.turn_weights(trajectories, advantages, rows, batch)
+        self._log_weight_range(weights, "train" if self.model.training else "eval")
+        return [[_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))]
 
     # ---- one step ----------------------------------------------------------------------------------------
 
@@ -215,6 +233,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         # 1. Rollouts: one episode per row; the K siblings of a task are consecutive rows.
         started = time.perf_counter()
         specs = [task_spec_from_row(row) for row in inputs]
+        if self.prompt_skills is not None:
+            add_skill_guidance(specs, self.prompt_skills, args.prompt_skill_top_k)
         multi_process = self.accelerator.num_processes > 1
         trajectories = run_agent_loop(
             specs,
@@ -266,10 +286,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         )
         batch = self._batch_from_rows(rows, mode)
 
-        # 5. Method credit: per-turn weights w_it, then every policy token of turn t gets A_i * w_it and the
-        #    Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
-        weights = self.turn_weights(trajectories, advantages, rows, batch)
-        per_turn_advantage = [[_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))]
+        # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
+        #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
+        per_turn_advantage = self.turn_advantages(trajectories, advantages, rows, batch)
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
         else:
@@ -278,7 +297,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         batch["tool_mask"] = _pad_right(balance, 0.0, device, torch.float32)
         batch["num_items_in_batch"] = self.accelerator.gather((batch["completion_mask"] * batch["tool_mask"]).sum()).sum()
 
-        self._log_agent_metrics(trajectories, rows, weights, rollout_seconds, mode)
+        self._log_agent_metrics(trajectories, rows, rollout_seconds, mode)
         self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
         self._metrics[mode]["reward_std"].append(_nanstd(rewards))
         for k, name in enumerate(self.reward_func_names):
@@ -342,9 +361,13 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         return logps
 
-    def _log_agent_metrics(
-        self, trajectories: list[Trajectory], rows: Rows, weights: list, rollout_seconds: float, mode: str
-    ) -> None:
+    def _log_weight_range(self, weights: list[list[float | list[float]]], mode: str) -> None:
+        flat = [w for traj in weights for turn in traj for w in (turn if isinstance(turn, list) else [turn])]
+        if flat:
+            self._metrics[mode]["credit/weight_min"].append(min(flat))
+            self._metrics[mode]["credit/weight_max"].append(max(flat))
+
+    def _log_agent_metrics(self, trajectories: list[Trajectory], rows: Rows, rollout_seconds: float, mode: str) -> None:
         local = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.error is not None) for t in trajectories]
         everything = gather_object(local)
         invalid = [sum(not turn.action_valid for turn in t.turns) for t in trajectories]
@@ -364,13 +387,17 @@ class AgentGRPOTrainer(GRPOTrainer):
         metrics["env/invalid_action_rate"].append(total_invalid / max(total_turns, 1))
         metrics["env/rollout_seconds"].append(rollout_seconds)
         metrics["rows/count"].append(float(len(rows)))
-        flat = [w for traj in weights for turn in traj for w in (turn if isinstance(turn, list) else [turn])]
-        if flat:
-            metrics["credit/weight_min"].append(min(flat))
-            metrics["credit/weight_max"].append(max(flat))
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:
+    """Skill-GRPO: put each task's top-k skills in its spec's ``guidance``, which the policy prompt shows."""
+    skills = bank.retrieve_batch([str(s.get("task", "")) for s in specs], top_k, [s.get("task_type") for s in specs])
+    for spec, chosen in zip(specs, skills, strict=True):
+        if chosen:
+            spec["guidance"] = bank.render(chosen)
 
 
 def _pad_right(values: list[list[float]] | list[list[int]], fill: float, device: Any, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""A scripted oracle for the embedded questions: search each hop's entity, then answer.
+
+It checks what it reads: each hop's fact must appear in the ``<information>`` it got back (that is how it would
+learn the next entity to search), otherwise it gives up with a wrong answer. Its success rate therefore
+measures how answerable the embedded set is through the retriever, not just the scoring.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from taspo_trl.envs.base import StepResult
+from taspo_trl.envs.search.data import load_embedded_questions
+from taspo_trl.envs.search.env import SearchQAEnv
+
+_GIVE_UP = "<answer>unknown</answer>"
+
+
+def _embedded_question(spec: Mapping[str, Any]) -> dict[str, Any]:
+    question = spec.get("question", spec.get("task"))
+    for split in ("train", "test"):
+        for row in load_embedded_questions(split):
+            if row["id"] == spec.get("id") and row["question"] == question:
+                return row
+    raise ValueError(f"No embedded Search-QA question with id {spec.get('id')!r} and text {question!r}; the oracle only knows the embedded set.")
+
+
+def oracle_actions(spec: Mapping[str, Any]) -> list[str]:
+    """The scripted action sequence for an embedded task spec: one search per hop, then the gold answer."""
+    row = _embedded_question(spec)
+    return [f"<search>{hop['search']}</search>" for hop in row["hops"]] + [f"<answer>{row['golden_answers'][0]}</answer>"]
+
+
+def play_oracle(env: SearchQAEnv, spec: Mapping[str, Any]) -> StepResult:
+    """Play ``env`` (already reset) with the oracle; it answers only what it found in the observations."""
+    row = _embedded_question(spec)
+    result = StepResult("", 0.0, False, {})
+    for hop in row["hops"]:
+        result = env.step(f"<search>{hop['search']}</search>")
+        if result.done:
+            return result
+        if hop["reveals"] not in result.observation:
+            return env.step(_GIVE_UP)
+    return env.step(f"<answer>{row['golden_answers'][0]}</answer>")

@@ -1,0 +1,336 @@
+"""The papers' comparison methods as one trainer: pick one with `BaselineConfig(baseline=...)` (or
+`method: <name>` in a recipe).
+
+Every method changes only the per-token advantages of the GRPO step (`turn_advantages`):
+- redistribution or shaping of the outcome advantage A (RLSD, OPID, GiGPO, StepOPSD);
+- distillation terms (OPSD, GRPO+OPSD, SDAR, Skill-SD, OPD), which enter as their gradient-equivalent advantage
+  (`credit.distillation.gradient_equivalent_advantages`): at the rollout snapshot the clipped surrogate then takes
+  exactly the gradient of `L_GRPO + L_distill`, with no second forward pass;
+- Skill-GRPO, which is GRPO with retrieved skills in the policy's own prompt (`prompt_skill_bank`).
+
+Teachers are the policy itself under a privileged context (the PI sources of TASPO: SkillBank skills, a successful
+sibling's trajectory, or the analyzer's aligned guidance), frozen at the initial policy or the current snapshot,
+or (OPD) a separate frozen model with the same tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl.trainer.utils import use_adapter
+
+from ..credit.baselines import gigpo_advantages, opid_advantages, rlsd_advantages, rlsd_lambda, stepopsd_advantages
+from ..credit.distillation import gradient_equivalent_advantages
+from ..credit.registry import get_loss_term
+from ..privileged.rescoring import privileged_prompt_ids, score_continuations
+from ..privileged.skillbank import SkillBank
+from ..rollout.layouts import Rows
+from ..rollout.records import Trajectory
+from .taspo import TASPOConfig, TASPOTrainer
+
+BASELINES = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid", "gigpo", "stepopsd")
+"""Method names accepted by `BaselineConfig.baseline` (and as `method:` in recipes)."""
+
+DISTILLATION = {"opsd": "opsd", "grpo_opsd": "opsd", "sdar": "sdar", "skill_sd": "skill_sd", "opd": "opd"}
+"""Distillation baselines and the loss term (`credit.registry`) each uses."""
+
+_NEEDS_TEACHER = (*DISTILLATION, "rlsd", "opid", "stepopsd")
+_DEFAULT_PI_SOURCE = {
+    "opsd": "generic_skill",
+    "grpo_opsd": "generic_skill",
+    "sdar": "generic_skill",
+    "rlsd": "generic_skill",
+    "skill_sd": "nearest_success",
+    "stepopsd": "nearest_success",
+    "opid": "aligned",
+}
+_DEFAULT_COEF = {"opsd": 1.0, "grpo_opsd": 0.1, "sdar": 0.01, "skill_sd": 0.1, "opd": 1.0}
+_NAMES = {
+    "skill_grpo": "Skill-GRPO",
+    "opsd": "OPSD",
+    "grpo_opsd": "GRPO+OPSD",
+    "sdar": "SDAR",
+    "skill_sd": "Skill-SD",
+    "opd": "OPD",
+    "rlsd": "RLSD",
+    "opid": "OPID",
+    "gigpo": "GiGPO",
+    "stepopsd": "StepOPSD",
+}
+
+
+@dataclass
+class BaselineConfig(TASPOConfig):
+    r"""Configuration of [`BaselineTrainer`]: every field of [`TASPOConfig`] (its PI and analyzer settings build
+    the teachers' privileged context), plus the comparison methods' settings (../BASELINES facts).
+
+    Parameters:
+        baseline (`str`, defaults to `"sdar"`): one of `skill_grpo`, `opsd`, `grpo_opsd`, `sdar`, `skill_sd`,
+            `opd`, `rlsd`, `opid`, `gigpo`, `stepopsd`.
+        pi_source (`str` or `None`, defaults to `None`): the teacher's privileged context; `None` picks the
+            method's: skills (`generic_skill`) for OPSD, GRPO+OPSD, SDAR and RLSD; a successful sibling
+            (`nearest_success`, TRL `sdpo`'s successful-rollout teacher) for Skill-SD and StepOPSD's hindsight
+            teacher; the analyzer's guidance (`aligned`) for OPID.
+        skill_bank (`str`, defaults to `"alfworld"`): SkillBank for skill contexts and Skill-GRPO (`alfworld`,
+            `webshop`, `searchqa` or a JSONL path); shared by every skill-conditioned method.
+        skill_top_k (`int`, defaults to `2`): skills retrieved per task.
+        teacher_policy (`str` or `None`, defaults to `None`): `"initial"` (frozen initial policy: the PEFT base
+            model, TRL's reference model, or a frozen copy) or `"current"` (the rollout snapshot, i.e. synced every
+            step). `None`: `initial` for OPSD / GRPO+OPSD (OPSD's teacher is frozen), `current` otherwise.
+        teacher_model_name_or_path (`str` or `None`): OPD's teacher, a larger causal LM with the policy's tokenizer.
+        distill_coef (`float` or `None`): $\lambda$ of the distillation term; `None`: OPSD 1, GRPO+OPSD 0.1, SDAR
+            0.01, Skill-SD 0.1, OPD 1.
+        sdar_beta (`float`, defaults to `5.0`): SDAR's gate sharpness $\beta$.
+        skill_sd_is_clip (`float`, defaults to `2.0`): Skill-SD's importance-weight clip.
+        rlsd_lambda (`float`, defaults to `0.5`): RLSD's $\lambda_0$, linearly decayed to 0 over
+            `rlsd_decay_steps` (50) steps; `rlsd_clip` (0.2) is its $\epsilon$.
+        opid_episode_weight / opid_step_weight (`float`, default `0.001`): OPID's weights of the episode- and
+            step-skill gaps. Step skills are not built here (see the OPID note in the README); the step term is 0.
+        gigpo_omega (`float`, defaults to `1.0`), gigpo_gamma (`float`, defaults to `0.95`), gigpo_norm (`str`,
+            defaults to `"mean"`): GiGPO's $\omega$, discount $\gamma$ and anchor-group normalisation.
+        stepopsd_temperature (`float`, defaults to `1.0`), stepopsd_bound (`float`, defaults to `0.5`): the
+            approximate StepOPSD's budget temperature and weight bound.
+    """
+
+    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(BASELINES)}."})
+    pi_source: str | None = field(default=None, metadata={"help": "Teacher context (None: the method's)."})
+    skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
+    skill_top_k: int = field(default=2, metadata={"help": "Skills retrieved per task."})
+    teacher_policy: str | None = field(default=None, metadata={"help": "'initial' or 'current' (None: method's)."})
+    teacher_model_name_or_path: str | None = field(default=None, metadata={"help": "OPD's frozen teacher."})
+    distill_coef: float | None = field(default=None, metadata={"help": "lambda of the distillation term."})
+    sdar_beta: float = field(default=5.0, metadata={"help": "SDAR gate sharpness beta."})
+    skill_sd_is_clip: float = field(default=2.0, metadata={"help": "Skill-SD importance-weight clip."})
+    rlsd_lambda: float = field(default=0.5, metadata={"help": "RLSD lambda_0."})
+    rlsd_decay_steps: int = field(default=50, metadata={"help": "RLSD lambda decay steps."})
+    rlsd_clip: float = field(default=0.2, metadata={"help": "RLSD epsilon."})
+    opid_episode_weight: float = field(default=0.001, metadata={"help": "OPID episode-skill weight."})
+    opid_step_weight: float = field(default=0.001, metadata={"help": "OPID step-skill weight."})
+    gigpo_omega: float = field(default=1.0, metadata={"help": "GiGPO omega."})
+    gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount gamma."})
+    gigpo_norm: str = field(default="mean", metadata={"help": "GiGPO anchor normalisation: mean or mean_std."})
+    stepopsd_temperature: float = field(default=1.0, metadata={"help": "StepOPSD budget temperature."})
+    stepopsd_bound: float = field(default=0.5, metadata={"help": "StepOPSD weight bound."})
+
+    def __post_init__(self):
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}.")
+        self.pi_source = self.pi_source or _DEFAULT_PI_SOURCE.get(self.baseline, "nearest_success")
+        self.teacher_policy = self.teacher_policy or ("initial" if self.baseline in ("opsd", "grpo_opsd") else "current")
+        if self.teacher_policy not in ("initial", "current"):
+            raise ValueError(f"teacher_policy must be 'initial' or 'current', got {self.teacher_policy!r}.")
+        if self.distill_coef is None:
+            self.distill_coef = _DEFAULT_COEF.get(self.baseline, 0.0)
+        if self.baseline == "opd" and not self.teacher_model_name_or_path:
+            raise ValueError("baseline='opd' needs teacher_model_name_or_path (a larger model with the same tokenizer).")
+        if self.baseline == "skill_grpo" and not self.prompt_skill_bank:
+            self.prompt_skill_bank = self.skill_bank
+        super().__post_init__()
+
+
+class BaselineTrainer(TASPOTrainer):
+    """The comparison methods of the papers' tables, used exactly like `trl.GRPOTrainer` with a `BaselineConfig`."""
+
+    _tag_names = ["trl", "grpo", "taspo-trl", "baseline"]
+    _name = "Agent baseline"
+
+    def __init__(self, *args: Any, teacher_model: Any = None, **kwargs: Any):
+        config = kwargs.get("args")
+        if not isinstance(config, BaselineConfig):
+            raise TypeError(f"BaselineTrainer needs args=BaselineConfig(...), got {type(config).__name__}.")
+        if config.pi_source == "generic_skill" and "skill_lookup" not in kwargs:
+            bank = SkillBank.load(config.skill_bank, default_k=config.skill_top_k)
+            kwargs["skill_lookup"] = bank.skill_lookup
+        super().__init__(*args, **kwargs)
+        method = self.args.baseline
+        self._name = _NAMES[method]
+        self._tag_names = [*self._tag_names, method]
+        self.teacher_model = teacher_model
+        if self.teacher_model is None and self._needs_frozen_copy():
+            self.teacher_model = self._load_frozen(self.args.teacher_model_name_or_path or self.model.config._name_or_path)
+
+    # ---- teachers ------------------------------------------------------------------------------------------
+
+    def _needs_frozen_copy(self) -> bool:
+        args = self.args
+        if args.baseline == "opd":
+            return True
+        if args.baseline not in _NEEDS_TEACHER or args.teacher_policy != "initial":
+            return False
+        return self.ref_model is None and not hasattr(self.accelerator.unwrap_model(self.model), "peft_config")
+
+    def _load_frozen(self, name_or_path: str) -> Any:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl.models import prepare_deepspeed
+        from trl.trainer.utils import add_fused_lm_head
+
+        from ..models import resolve_model_path
+
+        path = resolve_model_path(name_or_path)
+        if self.args.baseline == "opd" and AutoTokenizer.from_pretrained(path).get_vocab() != self._tokenizer.get_vocab():
+            raise ValueError(
+                f"OPD's teacher {name_or_path!r} has a different tokenizer from the policy; the sampled-token "
+                "reverse KL needs the same vocabulary (e.g. Qwen2.5-7B-Instruct as teacher of Qwen2.5-3B-Instruct)."
+            )
+        dtype = next(self.accelerator.unwrap_model(self.model).parameters()).dtype
+        teacher = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval().requires_grad_(False)
+        # TRL's log-prob function reads log-probs from a fused LM head, patched on like on its reference model.
+        add_fused_lm_head(teacher, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(teacher, self.accelerator)
+        return self.accelerator.prepare_model(teacher, evaluation_mode=True)
+
+    def _teacher_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """log pi_T of the last ``logits_to_keep`` tokens: the frozen teacher, the initial policy, or the snapshot."""
+        device = self.accelerator.device
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        if self.teacher_model is not None or (self.ref_model is not None and self.args.teacher_policy == "initial"):
+            model = self.teacher_model if self.teacher_model is not None else self.ref_model
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=self.rescore_batch_size
+            )
+            return logps
+        if self.args.teacher_policy == "initial":  # PEFT: the base model with the adapter switched off
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+                return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
+        return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
+
+    def _teacher_gaps(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], torch.Tensor]:
+        """Delta_t = log pi_T(y_t | context + h_t) - log pi_old(y_t | h_t) on every response token of every turn of
+        the trajectories with a context (OPD: all, under the plain prompt). Batched and padded like the rescoring
+        of TASPO so every process runs the same number of forward passes."""
+        plain_teacher = self.args.baseline == "opd"
+        keys, pairs = [], []
+        for i, trajectory in enumerate(trajectories):
+            if not (plain_teacher or contexts[i]):
+                continue
+            for t, turn in enumerate(trajectory.turns):
+                if not turn.response_ids:
+                    continue
+                prompt = turn.prompt_ids if plain_teacher else privileged_prompt_ids(trajectory, t, contexts[i], self.chat)
+                keys.append((i, t))
+                pairs.append((prompt, turn.response_ids))
+        scored = score_continuations(
+            pairs,
+            self._teacher_logprobs,
+            self._tokenizer.pad_token_id,
+            min_rows=self._max_over_processes(len(pairs)),
+            batch_size=self.rescore_batch_size,
+        )
+        gaps = {}
+        for (i, t), teacher in zip(keys, scored):
+            student = torch.tensor(trajectories[i].turns[t].logprobs, dtype=torch.float32)
+            gaps[(i, t)] = teacher.float() - student
+        return gaps
+
+    # ---- credit --------------------------------------------------------------------------------------------
+
+    def turn_advantages(
+        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
+    ) -> list[list[float | list[float]]]:
+        args = self.args
+        method = args.baseline
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        outcome = [[float(advantages[i])] * t.num_turns for i, t in enumerate(trajectories)]
+        if method == "skill_grpo":
+            return outcome
+        if method == "gigpo":
+            return self._gigpo(trajectories, advantages)
+
+        contexts = self._privileged_info(trajectories) if method != "opd" else [""] * len(trajectories)
+        gaps = self._teacher_gaps(trajectories, contexts)
+        if gaps:
+            flat = torch.cat(list(gaps.values()))
+            metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
+        metrics["baseline/teacher_coverage"].append(sum(bool(c) for c in contexts) / max(len(contexts), 1))
+
+        out: list[list[float | list[float]]] = []
+        for i, trajectory in enumerate(trajectories):
+            turn_gaps = [gaps.get((i, t)) for t in range(trajectory.num_turns)]
+            if not any(g is not None for g in turn_gaps):
+                keeps_outcome = method not in ("opsd", "opd")
+                out.append(outcome[i] if keeps_outcome else [0.0] * trajectory.num_turns)
+                continue
+            delta, mask = _stack_turns(turn_gaps, [len(turn.response_ids) for turn in trajectory.turns])
+            advantage = torch.full((delta.size(0),), float(advantages[i]))
+            shaped = self._shape(method, advantage, delta, mask, trajectory)
+            # A turn the teacher did not score keeps the outcome advantage (distillation-only methods: none).
+            unscored = 0.0 if method in ("opsd", "opd") else float(advantages[i])
+            out.append([shaped[t, : int(mask[t].sum())].tolist() if mask[t].any() else unscored for t in range(len(turn_gaps))])
+        if method == "rlsd":
+            metrics["baseline/rlsd_lambda"].append(rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps))
+        return out
+
+    def _shape(self, method: str, advantage: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, trajectory: Trajectory) -> torch.Tensor:
+        """[turns, T] advantages of one trajectory from its outcome advantage and its teacher gaps."""
+        args = self.args
+        if method in DISTILLATION:
+            student = torch.tensor(_padded([t.logprobs for t in trajectory.turns], delta.size(1)))
+            extra: dict[str, Any] = {"coef": args.distill_coef}
+            if method == "sdar":
+                extra["beta"] = args.sdar_beta
+            loss = get_loss_term(DISTILLATION[method])
+            if method == "skill_sd":  # old = the snapshot, so the importance weight is 1 at the first update
+                extra["is_clip"] = args.skill_sd_is_clip
+                loss = _with_old_logprobs(loss, student)
+            distill = gradient_equivalent_advantages(loss, student, student + delta, mask, **extra)
+            with_outcome = method in ("grpo_opsd", "sdar", "skill_sd")
+            return distill + (advantage.unsqueeze(1) * mask if with_outcome else 0.0)
+        if method == "rlsd":
+            lam = rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps)
+            return rlsd_advantages(advantage, delta, mask, lam, args.rlsd_clip)
+        if method == "opid":
+            return opid_advantages(advantage, delta, None, mask, args.opid_episode_weight, args.opid_step_weight)
+        if method == "stepopsd":
+            return stepopsd_advantages(float(advantage[0]), delta, mask, args.stepopsd_temperature, args.stepopsd_bound)
+        raise AssertionError(f"unhandled baseline {method}")
+
+    def _gigpo(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[list[float | list[float]]]:
+        """GiGPO: anchor-state groups span a task group's siblings, which may sit on other processes."""
+        args = self.args
+        local = [
+            ([t.initial_observation] + [turn.observation for turn in t.turns[:-1]], [turn.reward for turn in t.turns], t.group)
+            for t in trajectories
+        ]
+        everything = gather_object(local) if self.accelerator.num_processes > 1 else local
+        all_advantages = gather_object(advantages.tolist()) if self.accelerator.num_processes > 1 else advantages.tolist()
+        steps = gigpo_advantages(
+            torch.tensor(all_advantages, dtype=torch.float32),
+            [obs for obs, _, _ in everything],
+            [rewards for _, rewards, _ in everything],
+            [group for _, _, group in everything],
+            omega=args.gigpo_omega,
+            gamma=args.gigpo_gamma,
+            norm=args.gigpo_norm,
+        )
+        first = self.accelerator.process_index * len(trajectories)
+        return [steps[first + i].tolist() for i in range(len(trajectories))]
+
+
+def _padded(values: list[list[float]], width: int) -> list[list[float]]:
+    return [list(v) + [0.0] * (width - len(v)) for v in values]
+
+
+def _stack_turns(gaps: list[torch.Tensor | None], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[turns, T] gaps and mask; a turn without a gap (no context, empty response) is masked out entirely."""
+    width = max(lengths) if lengths else 0
+    delta = torch.zeros(len(gaps), width)
+    mask = torch.zeros(len(gaps), width)
+    for t, gap in enumerate(gaps):
+        if gap is not None:
+            delta[t, : len(gap)] = gap
+            mask[t, : len(gap)] = 1.0
+    return delta, mask
+
+
+def _with_old_logprobs(loss: Any, old_logp: torch.Tensor) -> Any:
+    """Skill-SD's loss takes the rollout log-probs between the teacher's and the mask."""
+
+    def bound(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return loss(student, teacher, old_logp, mask, **kwargs)
+
+    return bound
