@@ -90,9 +90,9 @@ def quickstart_env_block(env: str) -> list[str]:
         ]
     if env == "webshop":
         return [
-            "# Environment and tasks: the embedded WebShop catalogue and goals (train split), 4 turns per episode.",
+            "# Environment and tasks: the embedded WebShop catalogue and goals (train split); the oracle needs 4-6 turns.",
             "environment: webshop", "task_source: embedded", "task_split: train", "max_tasks: 32",
-            "max_turns: 4", "history_window: 1", "max_prompt_tokens: 2048",
+            "max_turns: 6", "history_window: 1", "max_prompt_tokens: 2048",
         ]
     return [
         "# Environment and tasks: the embedded Search-QA set, bm25s over the shipped corpus (no server needed).",

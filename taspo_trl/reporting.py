@@ -308,8 +308,9 @@ def render_results_table(
     ALFWorld: success (%) of Pick, Look, Clean, Heat, Cool, Pick2 and All (the overall success), one block of
     columns per split (seen before unseen) when results of several splits are given. WebShop: Score and Succ.
     (%). Search-QA: exact match (%) per dataset in Table 1's order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki,
-    MuSiQue, Bamboogle; other datasets after them) and Avg., their macro-average. Rows are keyed by method
-    (and model, when the results cover several models); a missing cell shows "–".
+    MuSiQue, Bamboogle; other datasets after them; a dataset's EM is its group's ``success``) and Avg., their
+    macro-average. Rows are keyed by method (plus model, when one method comes with several models; plus split,
+    for WebShop and Search-QA results of several splits); a missing cell shows "–".
 
     Args:
         results: evaluation JSON dicts (``taspo-eval`` output), all of the same ``env``.
@@ -360,9 +361,13 @@ def _common_env(results: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _row_labels(results: Sequence[Mapping[str, Any]]) -> list[str]:
-    # The papers group rows by backbone; a flat table names the model only when it differs between rows.
-    several_models = len({r.get("model") for r in results}) > 1
-    return [f"{r.get('model')} / {r.get('method')}" if several_models else str(r.get("method")) for r in results]
+    # taspo-eval's "model" is the checkpoint path, different for every trained method, so rows are named by
+    # method; the model joins the name only where one method was evaluated with several models (backbones).
+    methods = [str(r.get("method")) for r in results]
+    keys = [(method, str(r.get("split"))) for method, r in zip(methods, results)]
+    if len(set(keys)) == len(keys):
+        return methods
+    return [f"{r.get('model')} / {method}" for method, r in zip(methods, results)]
 
 
 def _split_key(split: str) -> tuple[int, str]:
@@ -396,7 +401,7 @@ def _split_table(
 
 def _webshop_table(results: Sequence[Mapping[str, Any]]) -> _Table:
     rows = []
-    for label, result in _unique_rows(results):
+    for label, result in _labelled_rows(results):
         overall = result.get("overall", {})
         rows.append((label, [_scaled(overall.get("score"), 100.0), _scaled(overall.get("success"), 100.0)]))
     return _Table(["Score", "Succ."], rows, None)
@@ -412,7 +417,7 @@ def _search_table(results: Sequence[Mapping[str, Any]]) -> _Table:
     order = [key for key, _ in SEARCH_DATASETS if key in present]
     order += sorted((key for key in present if key not in known), key=lambda key: present[key].lower())
     rows = []
-    for label, result in _unique_rows(results):
+    for label, result in _labelled_rows(results):
         by_key = {_dataset_key(name): entry for name, entry in result.get("groups", {}).items()}
         values = [_scaled(by_key[key].get("success"), 100.0) if key in by_key else None for key in order]
         found = [v for v in values if v is not None]
@@ -420,15 +425,19 @@ def _search_table(results: Sequence[Mapping[str, Any]]) -> _Table:
     return _Table([present[key] for key in order] + ["Avg."], rows, None)
 
 
-def _unique_rows(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+def _labelled_rows(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """One row per result; WebShop and Search-QA tables have one block of columns, so a split is a row."""
     labels = _row_labels(results)
+    several_splits = len({str(r.get("split")) for r in results}) > 1
     seen: set[tuple[str, str]] = set()
+    rows = []
     for label, result in zip(labels, results):
-        key = (label, str(result.get("split")))
-        if key in seen:
-            raise ValueError(f"two results for {label!r} on split {key[1]!r}; pass one per method and split.")
-        seen.add(key)
-    return list(zip(labels, results))
+        split = str(result.get("split"))
+        if (label, split) in seen:
+            raise ValueError(f"two results for {label!r} on split {split!r}; pass one per method and split.")
+        seen.add((label, split))
+        rows.append((f"{label} ({split})" if several_splits else label, result))
+    return rows
 
 
 def _dataset_key(name: str) -> str:

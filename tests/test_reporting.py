@@ -263,13 +263,16 @@ def test_alfworld_mean_steps_table():
 def test_webshop_and_search_tables():
     webshop = [
         {"env": "webshop", "model": "m", "method": "GRPO", "split": "test", "num_tasks": 8, "seed": 0, "groups": {},
-         "overall": {"n": 8, "success": 0.625, "score": 0.79875, "mean_steps_success": 6.0}},
+         "overall": {"n": 8, "success": 0.625, "score": 0.7988, "mean_steps_success": 6.0}},
         {"env": "webshop", "model": "m", "method": "TASPO", "split": "test", "num_tasks": 8, "seed": 0, "groups": {},
          "overall": {"n": 8, "success": 0.75, "score": 0.885, "mean_steps_success": 5.5}},
     ]
     assert render_results_table(webshop) == (
         "| Method | Score | Succ. |\n|---|---:|---:|\n| GRPO | 79.9 | 62.5 |\n| TASPO | 88.5 | 75.0 |\n"
     )
+    validation = dict(webshop[0], split="val")
+    lines = render_results_table([*webshop, validation]).splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| GRPO (test)", "| TASPO (test)", "| GRPO (val)"]
 
     def search(method: str, em: dict[str, float]) -> dict:
         groups = {name: {"n": 10, "success": v, "score": v, "mean_steps_success": 2.0} for name, v in em.items()}
@@ -302,10 +305,12 @@ def test_latex_table_groups_splits_and_escapes():
     assert "GRPO\\_v2 & " + " & ".join(["--"] * 7) + " \\\\" in steps
 
 
-def test_several_models_name_the_model_in_the_row():
+def test_rows_name_the_model_only_when_a_method_has_several():
     a = _alfworld("GRPO", "eval_seen", [1] * 6, [1] * 6, [3.0] * 6)
-    b = dict(a, model="qwen2.5-3b")
-    lines = render_results_table([a, b]).splitlines()
+    # taspo-eval records checkpoint paths as models: different methods are told apart by method alone.
+    lines = render_results_table([dict(a, model="outputs/grpo"), dict(a, model="outputs/taspo", method="TASPO")])
+    assert [line.split(" | ")[0] for line in lines.splitlines()[2:]] == ["| GRPO", "| TASPO"]
+    lines = render_results_table([a, dict(a, model="qwen2.5-3b")]).splitlines()
     assert lines[2].startswith("| smollm2-135m / GRPO | 100.0 |")
     assert lines[3].startswith("| qwen2.5-3b / GRPO | 100.0 |")
 
@@ -320,9 +325,9 @@ def test_table_errors():
         render_results_table([a, webshop])
     with pytest.raises(ValueError, match="unknown env 'babyai'"):
         render_results_table([dict(a, env="babyai")])
-    with pytest.raises(ValueError, match="two results for 'GRPO' on split 'eval_seen'"):
+    with pytest.raises(ValueError, match="two results for 'smollm2-135m / GRPO' on split 'eval_seen'"):
         render_results_table([a, dict(a)])
-    with pytest.raises(ValueError, match="two results for 'GRPO' on split 'test'"):
+    with pytest.raises(ValueError, match="two results for 'm / GRPO' on split 'test'"):
         render_results_table([webshop, dict(webshop)])
     with pytest.raises(ValueError, match="fmt must be"):
         render_results_table([a], fmt="html")

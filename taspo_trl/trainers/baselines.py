@@ -242,6 +242,7 @@ class BaselineTrainer(TASPOTrainer):
             return self._gigpo(trajectories, advantages)
 
         contexts = self._privileged_info(trajectories) if method != "opd" else [""] * len(trajectories)
+        self.last_privileged_info = contexts
         gaps = self._teacher_gaps(trajectories, contexts)
         if gaps:
             flat = torch.cat(list(gaps.values()))
