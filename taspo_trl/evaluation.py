@@ -103,8 +103,13 @@ def evaluate_rows(
     tokenizer: Any,
     args: EvalArguments,
     env_factory: Any,
+    generate: Any = None,
 ) -> list[Any]:
-    """Play one episode per row with ``model`` and return the trajectories in row order."""
+    """Play one episode per row with ``model`` and return the trajectories in row order.
+
+    ``generate`` replaces the default sampler (``TransformersGenerator`` with the arguments' decoding settings),
+    e.g. with a vLLM-backed generator or a scripted policy.
+    """
     import torch
 
     from .envs.base import PromptTemplate
@@ -114,7 +119,7 @@ def evaluate_rows(
     from .rollout.loop import run_agent_loop, task_spec_from_row
 
     chat = ChatFormat(tokenizer)
-    generator = TransformersGenerator(
+    generator = generate or TransformersGenerator(
         model, tokenizer, max_new_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p
     )
     template = PromptTemplate(history_window=args.history_window)
@@ -164,7 +169,7 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
 
     from .envs import get_env_factory
     from .models import load_model_and_tokenizer
-    from .reporting import render_results_table
+    from .reporting import render_results_table, render_steps_table
 
     splits = args.splits or DEFAULT_SPLITS.get(args.environment)
     if not splits:
@@ -194,6 +199,8 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
         print(f"[taspo-eval] wrote {path}", flush=True)
         results.append(result)
     table = render_results_table(results)
+    if args.environment == "alfworld":  # Table 4: mean steps of the successful episodes
+        table += "\n\nMean steps of successful episodes:\n\n" + render_steps_table(results)
     (out_dir / "results.md").write_text(table + "\n")
     print(table, flush=True)
     return results
