@@ -98,3 +98,25 @@ def test_config_errors_name_the_fix(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="use_vllm: false"):
             _config(tmp_path, "turn", use_vllm=True)
+
+
+def test_turn_table_and_completions_log(tmp_path, tiny_model_dir):
+    trainer = AgentGRPOTrainer(
+        model=tiny_model_dir,
+        args=_config(tmp_path, "turn", log_turns=True, log_completions=True),
+        train_dataset=_dataset(),
+        env_factory=locker_factory,
+    )
+    try:
+        trainer._generate_and_score_completions([dict(r) for r in _dataset(1)] * 4)
+    finally:
+        trainer.close()
+    import json
+
+    trajectories = trainer._last_trajectories
+    lines = [json.loads(line) for line in (tmp_path / "out" / "turns.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(t.num_turns for t in trajectories)
+    assert {line["task"] for line in lines} == {"find the key in one of the lockers"}
+    assert list(trainer._logs["prompt"]) == [t.task for t in trajectories]
+    per_turn = list(trainer._logs["extra"]["turn_advantages"])
+    assert [len(s.split(", ")) for s in per_turn] == [t.num_turns for t in trajectories]

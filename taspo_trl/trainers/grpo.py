@@ -15,7 +15,9 @@ One training step, top to bottom (``_generate_and_score_completions``):
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -81,6 +83,9 @@ class AgentGRPOConfig(GRPOConfig):
             top-`prompt_skill_top_k` skills for each task are shown in the policy's own prompt. `None`: no skills.
         prompt_skill_top_k (`int`, defaults to `2`):
             Skills retrieved per task for `prompt_skill_bank`.
+        log_turns (`bool`, defaults to `False`):
+            Append one JSON line per turn (task, action, observation, advantage) to `<output_dir>/turns.jsonl`
+            every step. TRL's `log_completions` shows one row per trajectory with its per-turn advantages.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -96,6 +101,7 @@ class AgentGRPOConfig(GRPOConfig):
     rescore_batch_size: int | None = field(default=None, metadata={"help": "Rows per privileged forward."})
     prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skill-GRPO: skills in the policy prompt."})
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
+    log_turns: bool = field(default=False, metadata={"help": "Write per-turn records to <output_dir>/turns.jsonl."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -302,7 +308,43 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["reward_std"].append(_nanstd(rewards))
         for k, name in enumerate(self.reward_func_names):
             self._metrics[mode][f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
+        self._log_turn_table(trajectories, per_turn_advantage, rewards_per_func, all_advantages)
         return batch
+
+    def _log_turn_table(
+        self,
+        trajectories: list[Trajectory],
+        per_turn_advantage: list[list[float | list[float]]],
+        rewards_per_func: torch.Tensor,
+        all_advantages: torch.Tensor,
+    ) -> None:
+        """TRL's completions table (`log_completions`, shown in the console and sent to wandb/trackio) with one
+        row per trajectory: the task, the transcript, the outcome advantage and each turn's mean advantage; and,
+        with `log_turns`, one JSON line per turn in `<output_dir>/turns.jsonl` for inspection."""
+        turn_means = [[sum(a) / max(len(a), 1) if isinstance(a, list) else a for a in turns] for turns in per_turn_advantage]
+        transcripts = [" | ".join(f"{t + 1}. {turn.action or '(invalid)'}" for t, turn in enumerate(traj.turns)) for traj in trajectories]
+        self._logs["prompt"].extend(gather_object([t.task for t in trajectories]))
+        self._logs["completion"].extend(gather_object(transcripts))
+        for k, name in enumerate(self.reward_func_names):
+            self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
+        self._logs["advantages"].extend(all_advantages.tolist())
+        self._logs["extra"]["turn_advantages"].extend(gather_object([", ".join(f"{a:+.3f}" for a in m) for m in turn_means]))
+        if not self.args.log_turns:
+            return
+        records = [
+            {
+                "step": self.state.global_step, "group": traj.group, "task": traj.task, "task_type": traj.task_type,
+                "won": traj.won, "turn": t, "action": turn.action, "valid": turn.action_valid,
+                "observation": turn.observation[:300], "advantage": turn_means[i][t],
+            }
+            for i, traj in enumerate(trajectories)
+            for t, turn in enumerate(traj.turns)
+        ]
+        records = [r for chunk in gather_object([records]) for r in chunk]
+        if self.accelerator.is_main_process:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            with open(os.path.join(self.args.output_dir, "turns.jsonl"), "a") as handle:
+                handle.writelines(json.dumps(r) + "\n" for r in records)
 
     def _batch_from_rows(self, rows: Rows, mode: str) -> dict[str, Any]:
         """Padded tensors of the rows and the log-probs TRL's loss needs; advantages and masks come after credit."""
