@@ -43,3 +43,30 @@ def test_two_processes_give_the_same_weights_as_one(tmp_path, tiny_model_dir):
     for a, b in zip(one["weights"], two["weights"]):
         assert a == pytest.approx(b, abs=1e-6)
     assert any(w != 1.0 for traj in one["weights"] for w in traj)
+
+
+def test_two_process_quickstart_recipe_trains_and_evaluates(tmp_path, tiny_model_dir):
+    """The shipped 2-process CPU accelerate config runs a quickstart recipe; taspo-eval then scores the result."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "run"
+    _run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(root / "recipes" / "accelerate" / "cpu_2proc.yaml"),
+            "-m", "taspo_trl.cli", "--config", str(root / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml"),
+            "--model_name_or_path", tiny_model_dir, "--games_dir", str(tmp_path / "games"), "--max_tasks", "2",
+            "--max_steps", "1", "--max_turns", "2", "--max_completion_length", "8", "--output_dir", str(out),
+        ],
+        tmp_path,
+    )
+    assert (out / "model.safetensors").is_file()
+    _run(
+        [
+            sys.executable, "-m", "taspo_trl.evaluation", "--model_name_or_path", str(out), "--games_root",
+            str(tmp_path / "eval_games"), "--games_per_type", "1", "--splits", "eval_seen", "--max_turns", "2",
+            "--max_completion_length", "8", "--results_dir", str(tmp_path / "eval"),
+        ],
+        tmp_path,
+    )
+    result = json.loads((tmp_path / "eval" / "alfworld_eval_seen.json").read_text())
+    assert result["num_tasks"] == 6 and result["model"] == str(out)
