@@ -184,6 +184,7 @@ def train_main(argv: list[str] | None = None) -> None:
     finally:
         trainer.close()
     trainer.save_model(trainer.args.output_dir)
+    trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
     print(f"[taspo-train] done; model saved to {os.path.abspath(trainer.args.output_dir)}", flush=True)
 
 

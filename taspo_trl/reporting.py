@@ -197,6 +197,7 @@ def plot_training_curves(
 
     Raises:
         ValueError: no run logged any of ``metrics``, no runs, or a bad ``smoothing``.
+        ImportError: matplotlib is not installed (the ``report`` extra).
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}.")
@@ -213,9 +214,13 @@ def plot_training_curves(
         )
 
     # The object API with an explicit Agg canvas: no pyplot state, so a notebook's backend stays untouched.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    # Imported here so the tables work without matplotlib.
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+    except ImportError as error:
+        raise ImportError("plotting training curves needs matplotlib: pip install 'taspo-trl[report]'.") from error
 
     ncols = min(columns, len(plotted))
     nrows = math.ceil(len(plotted) / ncols)
@@ -544,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{heading} Success rate (%)\n\n{text}\n{heading} Mean steps of successful episodes\n\n"
                 + render_steps_table(results, **options)
             )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ImportError, ValueError) as error:
         print(f"taspo-report: {error}", file=sys.stderr)
         return 2
     if args.out:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,8 +171,12 @@ def test_curves_from_paths_and_partial_runs(tmp_path):
     assert _png_size(out) == (400, 300)
 
 
-def test_curves_errors(tmp_path):
+def test_curves_errors(tmp_path, monkeypatch):
     runs = {"run": _log_history([0.0, 1.0])}
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "matplotlib.figure", None)  # as if matplotlib were not installed
+        with pytest.raises(ImportError, match=r"taspo-trl\[report\]"):
+            plot_training_curves(runs, tmp_path / "x.png")
     with pytest.raises(ValueError, match="none of the metrics"):
         plot_training_curves(runs, tmp_path / "x.png", metrics=("alignopsd/lambda_mean",))
     with pytest.raises(ValueError, match="smoothing"):

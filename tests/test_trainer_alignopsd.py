@@ -8,13 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
-from taspo_trl.credit.alignopsd import adaptive_threshold, correspondence_shifts, segment_spans
+from taspo_trl.credit.alignopsd import (
+    adaptive_threshold,
+    correspondence_shifts,
+    segment_spans,
+)
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.privileged.decisions import embed_group, target_correspondence, think_text
+from taspo_trl.privileged.decisions import (
+    embed_group,
+    target_correspondence,
+    think_text,
+)
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
@@ -83,22 +92,7 @@ def pick_game(tmp_path_factory):
 @pytest.mark.parametrize("allocation", ["adaptive", "token"])
 def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation):
     config = AlignOPSDConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=32,
-        max_turns=6,
-        max_steps=1,
-        learning_rate=1e-4,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        similarity_threshold=0.5,
-        allocation=allocation,
-        seed=0,
+        **cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5, allocation=allocation)
     )
     trainer = AlignOPSDTrainer(
         model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder

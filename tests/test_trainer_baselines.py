@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
@@ -26,22 +27,7 @@ A_WIN = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # GRPO on rewards [1, 1, 0, 0]: (1 - 0.
 
 
 def _config(tmp_path: Path, **overrides) -> BaselineConfig:
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=32,
-        max_turns=MAX_TURNS,
-        max_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        seed=0,
-    )
-    values.update(overrides)
-    return BaselineConfig(**values)
+    return BaselineConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=MAX_TURNS, **overrides))
 
 
 def _rollout(trainer: BaselineTrainer, game: Path, dataset: Dataset) -> dict:

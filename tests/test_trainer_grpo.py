@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
+from toy_envs import locker_factory
 
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
-
-from toy_envs import locker_factory
 
 
 def _dataset(n_tasks: int = 2) -> Dataset:
@@ -16,23 +16,9 @@ def _dataset(n_tasks: int = 2) -> Dataset:
 
 
 def _config(tmp_path, layout: str, **overrides) -> AgentGRPOConfig:
-    values = dict(
-        output_dir=str(tmp_path / "out"),
-        layout=layout,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=1,
-        learning_rate=1e-4,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        use_cpu=True,
-        bf16=False,  # float32 on CPU: TRL defaults to bf16 autocast, which is neither exact nor fast here
-    )
+    values = dict(layout=layout, max_completion_length=16, gradient_checkpointing=True)
     values.update(overrides)
-    return AgentGRPOConfig(**values)
+    return AgentGRPOConfig(**cpu_trainer_kwargs(tmp_path / "out", **values))
 
 
 @pytest.mark.parametrize("layout", ["turn", "sequence"])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
@@ -19,7 +20,6 @@ from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrain
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
 from taspo_trl.rollout.layouts import build_rows
-
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
 MAX_TURNS = 6
@@ -32,24 +32,7 @@ def pick_game(tmp_path_factory):
 
 
 def _trainer(cls, config_cls, tmp_path, model_dir, game, layout="turn", peft_config=None, **overrides):
-    values = dict(
-        output_dir=str(tmp_path / cls.__name__),
-        layout=layout,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=32,
-        max_turns=MAX_TURNS,
-        max_steps=1,
-        learning_rate=1e-4,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        seed=0,
-    )
-    values.update(overrides)
+    values = cpu_trainer_kwargs(tmp_path / cls.__name__, layout=layout, max_turns=MAX_TURNS, **overrides)
     dataset = Dataset.from_list(task_spec_rows([game]))
     return cls(model=model_dir, args=config_cls(**values), train_dataset=dataset, peft_config=peft_config), dataset
 
