@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taspo_trl.jsonl import json_lines
+
 __all__ = [
     "DEFAULT_CURVE_METRICS",
     "load_log_history",
@@ -150,15 +152,8 @@ def _state_file_in(directory: Path) -> Path:
 
 def _jsonl_logs(text: str, path: Path) -> list[dict[str, Any]]:
     logs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: expected one JSON log dict per line ({error.msg}).") from None
-        if not isinstance(entry, dict):
-            # ValueError, not TypeError: the file's content is malformed, not the caller's argument.
+    for number, entry in json_lines(text.splitlines(), path):
+        if not isinstance(entry, dict):  # malformed file content, not a bad argument: a ValueError
             message = f"{path}:{number}: expected a JSON object (one log dict per line), got {type(entry).__name__}."
             raise ValueError(message)  # noqa: TRY004
         logs.append(entry)

@@ -127,7 +127,7 @@ def test_load_errors_name_what_was_expected(tmp_path):
         load_log_history(tmp_path / "empty")
     bad_line = tmp_path / "bad.jsonl"
     bad_line.write_text('{"step": 1}\nnot json\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected one JSON log dict per line"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         load_log_history(bad_line)
     not_dicts = tmp_path / "numbers.jsonl"
     not_dicts.write_text("[1, 2]\n")

@@ -86,7 +86,7 @@ def alfworld(encoder):
 @pytest.mark.parametrize(
     "bad_line, problem",
     [
-        ("{not json", "bad JSON"),
+        ("{not json", "not valid JSON"),
         (json.dumps({"id": "x", "env": "toy", "title": "t"}), "missing key 'skill'"),
         (json.dumps(record(9, skill="   ")), "'skill' is empty"),
         (json.dumps(record(9, title=7)), "'title' is not a string"),

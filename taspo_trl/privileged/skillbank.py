@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from ..jsonl import json_lines
 from .encoder import SentenceEncoder, get_encoder
 
 SHIPPED_BANKS = ("alfworld", "webshop", "searchqa")
@@ -132,13 +133,11 @@ def parse_skills(lines: Sequence[str] | str, source: str = "<memory>") -> list[S
         lines = lines.splitlines()
     skills: list[Skill] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise SkillBankError(f"{source}:{number}: bad JSON ({error.msg} at column {error.colno})") from None
+    try:
+        records = list(json_lines(lines, source))
+    except ValueError as error:
+        raise SkillBankError(str(error)) from None
+    for number, record in records:
         problem = _record_problem(record)
         if problem is None and record["id"].strip() in seen:
             problem = f"duplicate id {record['id'].strip()!r} (first on line {seen[record['id'].strip()]})"

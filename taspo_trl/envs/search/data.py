@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from taspo_trl.envs.search.env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
+from taspo_trl.jsonl import read_json_objects
 from taspo_trl.envs.search.retrieval import EMBEDDED
 
 SINGLE_HOP = "embedded_single"
@@ -83,19 +84,7 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         except Exception as error:  # pyarrow raises many exception types for a bad file
             raise ValueError(f"Cannot read the parquet file {path}: {error} ({_LAYOUT_HINT}).") from error
         return frame.to_dict("records")
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {line_no}: not valid JSON ({error}).") from error
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}, line {line_no}: a JSON object per line is expected ({_LAYOUT_HINT}).")  # noqa: TRY004 - bad file content, not a bad argument
-            rows.append(row)
-    return rows
+    return read_json_objects(path, f"a JSON object per line ({_LAYOUT_HINT})")
 
 
 def _questions_from_file(path: Path, default_source: str | None) -> list[dict[str, Any]]:

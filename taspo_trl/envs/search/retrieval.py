@@ -24,6 +24,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from taspo_trl.jsonl import read_json_objects
+
 EMBEDDED = "embedded"
 
 
@@ -66,20 +68,13 @@ def read_corpus(path: str | Path) -> list[Document]:
     if not path.is_file():
         raise FileNotFoundError(f"Search corpus not found: {path} (JSON lines with 'contents' or 'title'+'text').")
     docs = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"Search corpus {path}, line {line_no}: not valid JSON ({error}).") from error
-            if isinstance(row, dict) and isinstance(row.get("contents"), str):
-                docs.append(Document(*parse_contents(row["contents"])))
-            elif isinstance(row, dict) and isinstance(row.get("text"), str):
-                docs.append(Document(str(row.get("title", "")), row["text"]))
-            else:
-                raise ValueError(f"Search corpus {path}, line {line_no}: needs a 'contents' or a 'text' field.")  # noqa: TRY004 - bad file content, not a bad argument
+    for line_no, row in enumerate(read_json_objects(path, "one JSON object per document"), 1):
+        if isinstance(row.get("contents"), str):
+            docs.append(Document(*parse_contents(row["contents"])))
+        elif isinstance(row.get("text"), str):
+            docs.append(Document(str(row.get("title", "")), row["text"]))
+        else:
+            raise ValueError(f"Search corpus {path}, document {line_no}: needs a 'contents' or a 'text' field.")
     if not docs:
         raise ValueError(f"Search corpus {path} is empty.")
     return docs
