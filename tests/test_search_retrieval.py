@@ -251,3 +251,29 @@ def test_env_pool_batches_a_turn_into_one_request(server_url):
     assert _stats(server_url)["requests"] - before["requests"] == 1
     assert all(r.observation.startswith("<information>") and not r.done for r in results.values())
     pool.close(list(starts))
+
+
+def test_training_step_survives_a_dead_retrieval_server(tmp_path, tiny_model_dir, monkeypatch):
+    """A GRPO step on Search-QA whose retriever is down: every search gets the error observation, the episodes
+    still answer, and the optimizer step completes."""
+    from cpu_config import cpu_trainer_kwargs
+    from datasets import Dataset
+    from toy_envs import ScriptedGenerator
+
+    import taspo_trl.trainers.grpo as grpo_module
+    from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    rows = search_task_rows(split="test", max_tasks=1, retriever=url, timeout=0.5, retries=0)
+    args = AgentGRPOConfig(**cpu_trainer_kwargs(tmp_path, environment="search", max_turns=2, max_completion_length=16))
+    trainer = AgentGRPOTrainer(model=tiny_model_dir, args=args, train_dataset=Dataset.from_list(rows))
+    responses = ["<think>look it up</think><search>founder</search>", "<answer>nobody</answer>"]
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _t, batch_size=None: ScriptedGenerator(trainer.processing_class, responses))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.state.global_step == 1
+    trajectories = trainer._last_trajectories
+    assert all(t.turns[0].observation.startswith("<information>retrieval failed") for t in trajectories)
+    assert all(t.num_turns == 2 and t.error is None for t in trajectories)
