@@ -11,7 +11,10 @@ import pytest
 import yaml
 
 from taspo_trl.cli import build_trainer
-from taspo_trl.envs.alfworld import generate_games
+from taspo_trl.envs import get_env_factory
+from taspo_trl.envs.alfworld import find_game_files, generate_games, task_spec_rows
+from taspo_trl.evaluation import EvalArguments, evaluate_rows, summarize
+from taspo_trl.reporting import render_results_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*/**/*.yaml"))
@@ -71,8 +74,14 @@ def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
         trainer.close()
 
 
+@pytest.fixture(scope="module")
+def method_results() -> dict[str, dict]:
+    """taspo-eval results of the trained quickstarts, one per method, for the Table-1 test below."""
+    return {}
+
+
 @pytest.mark.parametrize("recipe", ALFWORLD_QUICKSTARTS, ids=lambda p: p.stem)
-def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, games_dir, tiny_model_dir):
+def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, games_dir, tiny_model_dir, method_results):
     argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir)
     argv += ["--max_steps", "1", "--max_turns", "2", "--max_completion_length", "8"]
     argv += ["--num_generations", "2", "--gradient_accumulation_steps", "1"]  # one task, two siblings
@@ -84,3 +93,21 @@ def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, games_dir, tiny_m
     assert trainer.state.global_step == 1
     logged = trainer.state.log_history[0]
     assert "success/all" in logged and result.training_loss == result.training_loss  # not NaN
+
+    # The trained policy is evaluated like a checkpoint would be: one episode per family, a fixed seed.
+    method = yaml.safe_load(recipe.read_text())["method"]
+    args = EvalArguments(max_turns=1, max_completion_length=8, eval_batch_size=6)
+    rows = task_spec_rows(find_game_files(games_dir))
+    trajectories = evaluate_rows(rows, trainer.model, trainer.processing_class, args, get_env_factory("alfworld"))
+    method_results[method] = {"env": "alfworld", "method": method, "model": "tiny", "split": "eval_seen",
+                              "num_tasks": len(rows), "seed": 0, **summarize(trajectories)}
+
+
+def test_table1_has_a_row_per_trained_method(method_results):
+    """Runs after the quickstart tests above (pytest keeps file order): each method fills one Table-1 row."""
+    methods = [yaml.safe_load(p.read_text())["method"] for p in ALFWORLD_QUICKSTARTS]
+    assert sorted(method_results) == sorted(methods)
+    table = render_results_table(list(method_results.values()))
+    body = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| Method")]
+    assert sorted(line.split(" | ")[0][2:] for line in body) == sorted(methods)
+    assert all(line.count("|") == 9 for line in body)  # method + Pick..Pick2 + All
