@@ -36,7 +36,8 @@ def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
     return trajectory
 
 
-def test_hand_built_group_correspondence_and_spans(encoder):
+def _hand_built_group() -> list[Trajectory]:
+    """A target, a sibling that paraphrases its every step, and an unrelated failing sibling."""
     target = _rollout(
         [
             ("I need to find the apple, the countertop is a likely place.", "go to countertop 1"),
@@ -63,7 +64,11 @@ def test_hand_built_group_correspondence_and_spans(encoder):
         ],
         won=False,
     )
-    group = [target, paraphrase, unrelated]
+    return [target, paraphrase, unrelated]
+
+
+def test_hand_built_group_correspondence_and_spans(encoder):
+    group = _hand_built_group()
     states = embed_group(group, [0, 1, 2], encoder)
     per_turn, columns = target_correspondence(group, 0, states, threshold=0.7, top_k=2, action_threshold=0.8)
     chosen = [[columns[s] for s in match.sources] for match in per_turn]
@@ -89,10 +94,26 @@ def pick_game(tmp_path_factory):
     return generate_games(tmp_path_factory.mktemp("games"), 1, 0, "train", task_types=["pick_and_place_simple"])[0]
 
 
-@pytest.mark.parametrize("allocation", ["adaptive", "token"])
-def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation):
+def test_teacher_side_thinking_replaces_the_targets_decision_states(encoder):
+    group = _hand_built_group()
+    states = embed_group(group, [0, 1, 2], encoder)
+    # The teacher's thinking for each target turn says what the paraphrase sibling said at the same step, so every
+    # turn now finds that step (cosine 1), and turn 1 finds "take apple" instead of "go to countertop".
+    teacher = encoder.encode([think_text(turn.response_text) for turn in group[1].turns])
+    per_turn, columns = target_correspondence(
+        group, 0, states, target_thinking=teacher, threshold=0.7, top_k=2, action_threshold=0.8
+    )
+    assert [[columns[s] for s in match.sources] for match in per_turn] == [[(1, 0)], [(1, 1)], [(1, 2)], [(1, 3)]]
+    with pytest.raises(ValueError, match="target_thinking has 2 rows for 4 target turns"):
+        target_correspondence(group, 0, states, target_thinking=teacher[:2], threshold=0.7, top_k=2, action_threshold=0.8)
+
+
+@pytest.mark.parametrize(("allocation", "teacher_thinking"), [("adaptive", False), ("token", False), ("adaptive", True)])
+def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation, teacher_thinking):
     config = AlignOPSDConfig(
-        **cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5, allocation=allocation)
+        **cpu_trainer_kwargs(
+            tmp_path / "out", max_turns=6, similarity_threshold=0.5, allocation=allocation, teacher_thinking=teacher_thinking
+        )
     )
     trainer = AlignOPSDTrainer(
         model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
@@ -105,6 +126,10 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
     finally:
         trainer.close()
     logged = trainer.state.log_history[0]
+    assert ("alignopsd/teacher_thinking_seconds" in logged) == teacher_thinking
+    if teacher_thinking:  # the tiny random policy thinks nothing the siblings said: no source clears 0.5
+        assert logged["alignopsd/match_rate"] == 0 and logged["alignopsd/aligned_views"] == 0
+        return
     assert logged["alignopsd/match_rate"] > 0 and logged["alignopsd/aligned_views"] > 0
     assert torch.isfinite(torch.tensor(logged["loss"]))
     assert all(text.startswith("[Skills]") for text in trainer.last_skill_texts)

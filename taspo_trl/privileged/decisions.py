@@ -63,9 +63,13 @@ def target_correspondence(
     states: GroupStates,
     *,
     exact_action_match: bool = False,
+    target_thinking: torch.Tensor | None = None,
     **align_kwargs: Any,
 ) -> tuple[list[TurnCorrespondence], list[tuple[int, int]]]:
     """Correspondence of every turn of ``target`` over the turns of its siblings in ``states``.
+
+    ``target_thinking`` ([target turns, dim]) replaces the target's own decision states: the teacher-side states,
+    embeddings of the thinking the policy generates under the privileged view. Sources keep their own thinking.
 
     Structurally valid sources are turns with a valid action block; the action-consistency inputs compare the
     target's and source's actions (embedding cosine; with ``exact_action_match``, WebShop's rule of the same
@@ -79,7 +83,10 @@ def target_correspondence(
         return [], columns
     target_turns = [trajectories[target].turns[states.keys[n][1]] for n in target_rows]
     source_turns = [trajectories[i].turns[t] for i, t in columns]
-    similarity = cosine_matrix(states.thinking[target_rows], states.thinking[source_rows]).double()
+    target_states = states.thinking[target_rows] if target_thinking is None else target_thinking
+    if target_states.size(0) != len(target_rows):
+        raise ValueError(f"target_thinking has {target_states.size(0)} rows for {len(target_rows)} target turns")
+    similarity = cosine_matrix(target_states, states.thinking[source_rows]).double()
     action_similarity = cosine_matrix(states.actions[target_rows], states.actions[source_rows]).double()
     valid = torch.tensor([turn.action_valid for turn in source_turns], dtype=torch.bool)
     parsed = torch.tensor([[a.action_valid and b.action_valid for b in source_turns] for a in target_turns], dtype=torch.bool)

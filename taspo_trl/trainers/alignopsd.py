@@ -37,10 +37,11 @@ from ..credit.alignopsd import (
     rectified_gap,
     turn_evidences,
 )
-from ..privileged.decisions import embed_group, target_correspondence
+from ..privileged.decisions import embed_group, target_correspondence, think_text
 from ..privileged.encoder import get_encoder
 from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, score_continuations
 from ..privileged.skillbank import SkillBank
+from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -73,6 +74,9 @@ class AlignOPSDConfig(AgentGRPOConfig):
         span_threshold_std (`float`, defaults to `1.0`): boundary where $D_t >$ batch mean $+$ this $\times$ std.
         turn_balanced_loss: defaults to `False` here: the paper optimises the token-mean loss, and the weights
             preserve the token-weighted mean advantage.
+        teacher_thinking (`bool`, defaults to `False`): teacher-side decision states: the snapshot generates a
+            response to each target turn under the privileged view (p_x + h_it) and its `<think>` text, not the
+            student's, is matched against the siblings' turns. One extra generation per target turn.
     """
 
     skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
@@ -90,6 +94,7 @@ class AlignOPSDConfig(AgentGRPOConfig):
     span_max_turns: int = field(default=8, metadata={"help": "Longest span (turns)."})
     span_threshold_std: float = field(default=1.0, metadata={"help": "Span boundary: mean + this x std of D."})
     turn_balanced_loss: bool = field(default=False, metadata={"help": "Eq. 7 balancing (off: token-mean loss)."})
+    teacher_thinking: bool = field(default=False, metadata={"help": "Match teacher-side thinking (extra generation)."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -151,7 +156,9 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         )
         rescoring_seconds = time.perf_counter() - started
 
-        # 3. Correspondence of every turn of this process's trajectories over their siblings' turns.
+        # 3. Correspondence of every turn of this process's trajectories over their siblings' turns (the target's
+        #    decision states are its own thinking, or with teacher_thinking the thinking generated under p_x).
+        teacher_states = self._teacher_thinking_states(trajectories, active) if args.teacher_thinking else {}
         started = time.perf_counter()
         correspondences: dict[int, tuple[list, list]] = {}
         states_by_group: dict[int, Any] = {}
@@ -164,7 +171,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 states_by_group[group] = embed_group(everything, members, self.encoder)
             correspondences[i] = target_correspondence(
                 everything, first + i, states_by_group[group],
-                exact_action_match=args.exact_action_match,
+                exact_action_match=args.exact_action_match, target_thinking=teacher_states.get(i),
                 threshold=args.similarity_threshold, top_k=args.source_top_k, action_threshold=args.action_threshold,
             )
         encoder_seconds = time.perf_counter() - started
@@ -251,3 +258,21 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         metrics["alignopsd/rescoring_seconds"].append(rescoring_seconds)
         metrics["alignopsd/aligned_views"].append(float(len(requests)))
         return weights
+
+    def _teacher_thinking_states(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[int, torch.Tensor]:
+        """Per trajectory with a context, the encoded ``<think>`` text the snapshot writes for each of its turns
+        under the privileged view. One batched generation over all of them; every process calls it once, with
+        an empty list if it has nothing to generate, as a collective vLLM server call needs."""
+        started = time.perf_counter()
+        keys = [(i, t) for i, trajectory in enumerate(trajectories) if contexts[i] for t in range(trajectory.num_turns)]
+        prompts = [privileged_prompt_ids(trajectories[i], t, contexts[i], self.chat) for i, t in keys]
+        generations = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)(prompts)
+        texts = [think_text(self._tokenizer.decode(g.token_ids, skip_special_tokens=True)) or "(no reasoning)" for g in generations]
+        encoded = self.encoder.encode(texts) if texts else None
+        states: dict[int, list[torch.Tensor]] = {}
+        for row, (i, _) in enumerate(keys):
+            states.setdefault(i, []).append(encoded[row])
+        self._metrics["train" if self.model.training else "eval"]["alignopsd/teacher_thinking_seconds"].append(
+            time.perf_counter() - started
+        )
+        return {i: torch.stack(rows) for i, rows in states.items()}
