@@ -219,3 +219,16 @@ def test_bad_settings_fail_before_training(tmp_path):
         _config(tmp_path, baseline="opd")
     with pytest.raises(ValueError, match="teacher_policy"):
         _config(tmp_path, baseline="opsd", teacher_policy="ema")
+
+
+def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
+    import copy
+
+    trainer, seen = shared
+    trajectories = copy.deepcopy(seen["trajectories"])
+    trajectories[0].turns[1].logprobs[0] = float("nan")  # e.g. a log-prob a vLLM backend did not return
+    contexts = trainer.last_privileged_info or trainer._privileged_info(trajectories)
+    gaps = BaselineTrainer._teacher_gaps(trainer, trajectories, contexts)  # unmemoised: the student side changed
+    assert (0, 1) not in gaps and (0, 0) in gaps
+    mode = "train" if trainer.model.training else "eval"
+    assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0

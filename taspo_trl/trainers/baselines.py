@@ -15,6 +15,7 @@ or (OPD) a separate frozen model with the same tokenizer.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ from ..privileged.skillbank import SkillBank
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .taspo import TASPOConfig, TASPOTrainer
+
+logger = logging.getLogger(__name__)
 
 BASELINES = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid", "gigpo", "stepopsd")
 """Method names accepted by `BaselineConfig.baseline` (and as `method:` in recipes)."""
@@ -221,10 +224,17 @@ class BaselineTrainer(TASPOTrainer):
             min_rows=self._max_over_processes(len(pairs)),
             batch_size=self.rescore_batch_size,
         )
-        gaps = {}
+        gaps, non_finite = {}, 0
         for (i, t), teacher in zip(keys, scored):
             student = torch.tensor(trajectories[i].turns[t].logprobs, dtype=torch.float32)
-            gaps[(i, t)] = teacher.float() - student
+            gap = teacher.float() - student
+            if torch.isfinite(gap).all():
+                gaps[(i, t)] = gap
+            else:  # a NaN/inf log-prob (e.g. a vLLM logprob it did not return) leaves the turn unscored
+                non_finite += 1
+        if non_finite:
+            logger.warning("%d turns had non-finite teacher gaps and keep their outcome advantage", non_finite)
+        self._metrics["train" if self.model.training else "eval"]["baseline/non_finite_gap_turns"].append(float(non_finite))
         return gaps
 
     # ---- credit --------------------------------------------------------------------------------------------
