@@ -257,7 +257,7 @@ class BaselineTrainer(TASPOTrainer):
         if gaps:
             flat = torch.cat(list(gaps.values()))
             metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
-        metrics["baseline/teacher_coverage"].append(sum(bool(c) for c in contexts) / max(len(contexts), 1))
+        metrics["baseline/teacher_coverage"].append(len({i for i, _ in gaps}) / max(len(trajectories), 1))
 
         out: list[list[float | list[float]]] = []
         for i, trajectory in enumerate(trajectories):
