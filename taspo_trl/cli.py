@@ -100,6 +100,7 @@ def alfworld_game_files(games_dir: str | Path, per_type: int, seed: int, split: 
 
 def build_task_rows(environment: str, script_args: AgentScriptArguments, max_turns: int | None = None) -> list[dict]:
     """The dataset rows (one task each) of ``environment``, as selected by the script arguments."""
+    turn_cap = {"max_turns": max_turns} if max_turns else {}  # else the environment's own limit
     if environment == "alfworld":
         from .envs.alfworld import task_spec_rows
 
@@ -117,7 +118,7 @@ def build_task_rows(environment: str, script_args: AgentScriptArguments, max_tur
             max_tasks=script_args.max_tasks,
             retriever=script_args.retriever,
             topk=script_args.retrieval_topk,
-            **({"max_turns": max_turns} if max_turns else {}),
+            **turn_cap,
         )
     elif environment == "webshop":
         from .envs.webshop import webshop_task_rows
@@ -128,7 +129,7 @@ def build_task_rows(environment: str, script_args: AgentScriptArguments, max_tur
             max_tasks=script_args.max_tasks,
             seed=script_args.games_seed,
             url=script_args.webshop_url,
-            **({"max_turns": max_turns} if max_turns else {}),
+            **turn_cap,
         )
     else:
         raise SystemExit(

@@ -40,6 +40,8 @@ BASELINES = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd
 DISTILLATION = {"opsd": "opsd", "grpo_opsd": "opsd", "sdar": "sdar", "skill_sd": "skill_sd", "opd": "opd"}
 """Distillation baselines and the loss term (`credit.registry`) each uses."""
 
+_NO_REWARD = ("opsd", "opd")
+"""Distillation-only methods: no outcome advantage, so a turn the teacher did not score gets no credit."""
 _NEEDS_TEACHER = (*DISTILLATION, "rlsd", "opid", "stepopsd")
 _DEFAULT_PI_SOURCE = {
     "opsd": "generic_skill",
@@ -245,9 +247,8 @@ class BaselineTrainer(TASPOTrainer):
         args = self.args
         method = args.baseline
         metrics = self._metrics["train" if self.model.training else "eval"]
-        outcome = [[float(advantages[i])] * t.num_turns for i, t in enumerate(trajectories)]
         if method == "skill_grpo":
-            return outcome
+            return [[float(advantages[i])] * t.num_turns for i, t in enumerate(trajectories)]
         if method == "gigpo":
             return self._gigpo(trajectories, advantages)
 
@@ -262,15 +263,14 @@ class BaselineTrainer(TASPOTrainer):
         out: list[list[float | list[float]]] = []
         for i, trajectory in enumerate(trajectories):
             turn_gaps = [gaps.get((i, t)) for t in range(trajectory.num_turns)]
-            if not any(g is not None for g in turn_gaps):
-                keeps_outcome = method not in ("opsd", "opd")
-                out.append(outcome[i] if keeps_outcome else [0.0] * trajectory.num_turns)
+            # A turn the teacher did not score keeps the outcome advantage (distillation-only methods: none).
+            unscored = 0.0 if method in _NO_REWARD else float(advantages[i])
+            if all(g is None for g in turn_gaps):
+                out.append([unscored] * trajectory.num_turns)
                 continue
             delta, mask = _stack_turns(turn_gaps, [len(turn.response_ids) for turn in trajectory.turns])
             advantage = torch.full((delta.size(0),), float(advantages[i]))
             shaped = self._shape(method, advantage, delta, mask, trajectory)
-            # A turn the teacher did not score keeps the outcome advantage (distillation-only methods: none).
-            unscored = 0.0 if method in ("opsd", "opd") else float(advantages[i])
             out.append([shaped[t, : int(mask[t].sum())].tolist() if mask[t].any() else unscored for t in range(len(turn_gaps))])
         if method == "rlsd":
             metrics["baseline/rlsd_lambda"].append(rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps))
@@ -289,8 +289,7 @@ class BaselineTrainer(TASPOTrainer):
                 extra["is_clip"] = args.skill_sd_is_clip
                 loss = _with_old_logprobs(loss, student)
             distill = gradient_equivalent_advantages(loss, student, student + delta, mask, **extra)
-            with_outcome = method in ("grpo_opsd", "sdar", "skill_sd")
-            return distill + (advantage.unsqueeze(1) * mask if with_outcome else 0.0)
+            return distill + (0.0 if method in _NO_REWARD else advantage.unsqueeze(1) * mask)
         if method == "rlsd":
             lam = rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps)
             return rlsd_advantages(advantage, delta, mask, lam, args.rlsd_clip)

@@ -322,13 +322,21 @@ class AgentGRPOTrainer(GRPOTrainer):
         row per trajectory: the task, the transcript, the outcome advantage and each turn's mean advantage; and,
         with `log_turns`, one JSON line per turn in `<output_dir>/turns.jsonl` for inspection."""
         turn_means = [[sum(a) / max(len(a), 1) if isinstance(a, list) else a for a in turns] for turns in per_turn_advantage]
-        transcripts = [" | ".join(f"{t + 1}. {turn.action or '(invalid)'}" for t, turn in enumerate(traj.turns)) for traj in trajectories]
-        self._logs["prompt"].extend(gather_object([t.task for t in trajectories]))
-        self._logs["completion"].extend(gather_object(transcripts))
+        local = [
+            (
+                traj.task,
+                " | ".join(f"{t + 1}. {turn.action or '(invalid)'}" for t, turn in enumerate(traj.turns)),
+                ", ".join(f"{a:+.3f}" for a in means),
+            )
+            for traj, means in zip(trajectories, turn_means, strict=True)
+        ]
+        for task, transcript, turn_advantages in gather_object(local):  # one collective for all three columns
+            self._logs["prompt"].append(task)
+            self._logs["completion"].append(transcript)
+            self._logs["extra"]["turn_advantages"].append(turn_advantages)
         for k, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
         self._logs["advantages"].extend(all_advantages.tolist())
-        self._logs["extra"]["turn_advantages"].extend(gather_object([", ".join(f"{a:+.3f}" for a in m) for m in turn_means]))
         if not self.args.log_turns:
             return
         records = [
