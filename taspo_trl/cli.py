@@ -3,8 +3,8 @@
     taspo-train --config recipes/quickstart/alfworld_grpo_cpu.yaml [--key value ...]
 
 The YAML follows TRL's ``TrlParser`` conventions: top-level keys are fields of the script arguments below,
-of the method's config class (``AgentGRPOConfig`` for ``method: grpo``) and of ``trl.ModelConfig`` (model
-path, LoRA settings); an ``env:`` block of environment variables is exported first (as in TRL; the
+of the method's config class (``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the
+``method: sft`` warm start on expert demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of environment variables is exported first (as in TRL; the
 environment to train in is the ``environment:`` key); command-line flags override the file.
 """
 
@@ -28,7 +28,8 @@ class AgentScriptArguments:
     """What to train on, beyond the trainer config (whose `environment` field names the benchmark).
 
     Parameters:
-        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS`.
+        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS`, or `sft`
+            for a warm start on the environment's expert demonstrations (TRL's `SFTTrainer`).
         games_dir (`str`): ALFWorld game folder; generated there with the embedded generator when it holds no
             `.tw-pddl` file. Official games (`$ALFWORLD_DATA/json_2.1.1/train`) work the same way.
         games_per_type (`int`, defaults to `2`): generated games per task family when generating.
@@ -61,9 +62,12 @@ class AgentScriptArguments:
 
 def _method_config_class(method: str) -> type:
     from .trainers import CONFIGS
+    from .trainers.sft import AgentSFTConfig
 
+    if method == "sft":
+        return AgentSFTConfig
     if method not in CONFIGS:
-        raise SystemExit(f"taspo-train: unknown method {method!r}; choose one of {sorted(CONFIGS)}.")
+        raise SystemExit(f"taspo-train: unknown method {method!r}; choose one of {sorted([*CONFIGS, 'sft'])}.")
     return CONFIGS[method]
 
 
@@ -164,13 +168,38 @@ def build_trainer(argv: list[str], callbacks: list | None = None, model_override
     if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
     model_path = resolve_model_path(name)
-    dataset = Dataset.from_list(build_task_rows(config.environment, script_args, config.max_turns))
+    rows = build_task_rows(config.environment, script_args, config.max_turns)
+    if method == "sft":
+        return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
+    dataset = Dataset.from_list(rows)
     print(f"[taspo-train] method={method} env={config.environment} tasks={len(dataset)} model={model_path}", flush=True)
     return TRAINERS[method](
         model=model_path,
         args=config,
         train_dataset=dataset,
         peft_config=get_peft_config(model_args),
+        callbacks=callbacks,
+    )
+
+
+def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: Any, callbacks: list | None) -> Any:
+    """TRL's ``SFTTrainer`` on the expert demonstrations of ``rows`` (``method: sft``)."""
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    from .models import prepare_tokenizer
+    from .trainers.sft import demonstration_sft_dataset
+
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_path))
+    tokenizer.padding_side = "right"  # training pads on the right
+    dataset = demonstration_sft_dataset(rows, tokenizer, config)
+    print(
+        f"[taspo-train] method=sft env={config.environment} tasks={len(rows)} demonstration turns={len(dataset)} "
+        f"model={model_path}",
+        flush=True,
+    )
+    return SFTTrainer(
+        model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks,
     )
 
@@ -183,7 +212,8 @@ def train_main(argv: list[str] | None = None) -> None:
     try:
         trainer.train()
     finally:
-        trainer.close()
+        if hasattr(trainer, "close"):  # the agent trainers' environment workers; SFTTrainer has none
+            trainer.close()
     trainer.save_model(trainer.args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
     print(f"[taspo-train] done; model saved to {os.path.abspath(trainer.args.output_dir)}", flush=True)

@@ -19,7 +19,8 @@ from taspo_trl.reporting import render_results_table
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*/**/*.yaml"))
 TRAINING_RECIPES = [p for p in RECIPES if "accelerate" not in p.parts]
-ALFWORLD_QUICKSTARTS = sorted((ROOT / "recipes" / "quickstart").glob("alfworld_*_cpu.yaml"))
+ALFWORLD_QUICKSTARTS = sorted(p for p in (ROOT / "recipes" / "quickstart").glob("alfworld_*_cpu.yaml") if "_sft_" not in p.name)
+SFT_RECIPES = sorted((ROOT / "recipes" / "quickstart").glob("*_sft_cpu.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,8 @@ def test_the_recipe_grid_is_complete():
         assert "distributed_type" in yaml.safe_load(path.read_text())
 
 
-@pytest.mark.parametrize("recipe", TRAINING_RECIPES, ids=lambda p: p.relative_to(ROOT / "recipes").as_posix())
+@pytest.mark.parametrize("recipe", [p for p in TRAINING_RECIPES if p not in SFT_RECIPES],
+                         ids=lambda p: p.relative_to(ROOT / "recipes").as_posix())
 def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
     trainer = build_trainer(_cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir), model_override=tiny_model_dir)
     try:
@@ -72,6 +74,41 @@ def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
             assert hasattr(trainer.model, "peft_config")
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("recipe", SFT_RECIPES, ids=lambda p: p.stem)
+def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir, tiny_model_dir):
+    """The warm-start recipes build TRL's SFTTrainer on the expert's demonstrations, whose loss covers the
+    responses only, and train one step."""
+    from trl import SFTTrainer
+
+    argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + ["--max_steps", "1"]
+    at = argv.index("--use_vllm")
+    del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
+    trainer = build_trainer(argv, model_override=tiny_model_dir)
+    data = yaml.safe_load(recipe.read_text())
+    assert isinstance(trainer, SFTTrainer) and trainer.args.completion_only_loss
+    assert trainer.args.learning_rate == pytest.approx(float(data["learning_rate"]))
+    example = trainer.train_dataset[0]
+    trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
+    untrained = [t for t, label in zip(example["input_ids"], example["labels"]) if label == -100]
+    decode = trainer.processing_class.decode
+    assert decode(trained).startswith("<think>") and "</think>" in decode(trained)  # the expert's response only
+    assert "Your task is" in decode(untrained) or "<|im_start|>user" in decode(untrained)
+    assert trainer.train().global_step == 1
+
+
+def test_alfworld_sft_recipe_is_the_builtin_warm_start():
+    from taspo_trl.warmstart import WARM_STARTS
+
+    data = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_sft_cpu.yaml").read_text())
+    spec = WARM_STARTS["embedded:smollm2-135m-alfworld"]
+    for key in ("games_per_type", "games_seed", "layout", "history_window", "num_train_epochs", "learning_rate",
+                "per_device_train_batch_size", "gradient_accumulation_steps", "seed"):
+        assert data[key] == getattr(spec, key), key
+    quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())
+    assert quickstart["model_name_or_path"] == "embedded:smollm2-135m-alfworld"
+    assert quickstart["history_window"] == spec.history_window and quickstart["layout"] == spec.layout
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,168 @@
+"""Expert demonstrations in the agent loop's own prompt and response format, as a TRL prompt-completion dataset.
+
+Two passes per task:
+1. the environment's expert (``taspo_trl.envs.get_expert_factory``) plays a fresh episode and records a
+   (thought, action) pair per turn; an episode it does not win is dropped with a warning;
+2. those responses, ``<think>thought</think> <action>action</action>`` and EOS, are replayed through the real
+   ``run_agent_loop`` with the real environment, so every prompt is exactly the one the policy will see during
+   RL, in either layout and with any history window, and the replay's verified win is checked again.
+
+``demonstration_dataset`` turns the replayed trajectories into TRL's conversational prompt-completion rows: in
+the ``turn`` layout the prompt is that turn's single user message; in the ``sequence`` layout it is the whole
+conversation so far (earlier responses included). ``SFTTrainer`` with ``completion_only_loss`` then trains on
+the responses alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..envs import EnvFactory, ExpertFactory, PromptTemplate, get_env_factory, get_expert_factory
+from .chat import ChatFormat
+from .env_pool import EnvPool
+from .generation import Generation
+from .loop import run_agent_loop
+from .records import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def expert_response(thought: str, action: str, action_tags: Sequence[str]) -> str:
+    """The response text the policy should write: the thought, then the action block.
+
+    With one action tag the action is the block's content; environments with several tags (Search-QA) take the
+    canonical block itself, ``<search>query</search>``, as their action.
+    """
+    block = action if len(action_tags) > 1 else f"<{action_tags[0]}>{action}</{action_tags[0]}>"
+    return f"<think>{thought}</think> {block}"
+
+
+def play_expert(
+    spec: Mapping[str, Any], env_factory: EnvFactory, expert_factory: ExpertFactory, rng: random.Random,
+    max_turns: int | None = None,
+) -> tuple[list[str], bool]:
+    """One expert episode of ``spec``: its responses (one per turn) and whether it won."""
+    env = env_factory(dict(spec))
+    try:
+        observation = env.reset()
+        expert = expert_factory(spec, env)
+        tags = tuple(getattr(env, "action_tags", None) or (env.action_tag,))
+        limit = min(env.max_turns, max_turns or env.max_turns)
+        responses: list[str] = []
+        for _ in range(limit):
+            thought, action = expert(observation, env.admissible_commands, rng)
+            responses.append(expert_response(thought, action, tags))
+            result = env.step(action)
+            observation = result.observation
+            if result.done:
+                return responses, bool(result.info.get("won", False))
+        return responses, False
+    finally:
+        env.close()
+
+
+class _ReplayGenerator:
+    """Answers turn c of trajectory k with ``responses[k][c]`` (token ids ending in EOS); no model involved."""
+
+    def __init__(self, responses: list[list[list[int]]]):
+        self.responses = responses
+        self.calls = 0
+
+    def __call__(self, prompts: list[list[int]]) -> list[Generation]:
+        live = [k for k, turns in enumerate(self.responses) if len(turns) > self.calls]
+        if len(live) != len(prompts):
+            raise RuntimeError(
+                f"demonstration replay, turn {self.calls}: {len(prompts)} live episodes but {len(live)} expert "
+                "responses; the environment did not behave as it did for the expert (is it deterministic?)"
+            )
+        self.calls += 1
+        return [Generation(list(self.responses[k][self.calls - 1]), [0.0] * len(self.responses[k][self.calls - 1]), True) for k in live]
+
+
+def expert_demonstrations(
+    specs: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    environment: str | None = None,
+    env_factory: EnvFactory | None = None,
+    expert_factory: ExpertFactory | None = None,
+    layout: str = "turn",
+    history_window: int = 3,
+    template: PromptTemplate | None = None,
+    max_turns: int | None = None,
+    max_prompt_tokens: int | None = None,
+    seed: int = 0,
+) -> list[Trajectory]:
+    """Winning expert trajectories of ``specs``, recorded by the real agent loop (prompt and response ids and
+    texts per turn), in input order; tasks the expert does not win are left out with a warning.
+
+    Args:
+        specs: task specs (``taspo_trl.task_spec_from_row`` of dataset rows).
+        tokenizer: the policy's tokenizer; its chat template renders the prompts.
+        environment: a registered environment name; gives ``env_factory`` and ``expert_factory`` defaults.
+        layout, history_window, template, max_turns, max_prompt_tokens: as in the trainer's config, so the
+            demonstrations show the policy the prompts it will get in training.
+        seed: picks the thoughts' wordings.
+    """
+    if env_factory is None or expert_factory is None:
+        if environment is None:
+            raise ValueError("Pass environment= (a registered name) or both env_factory= and expert_factory=.")
+        env_factory = env_factory or get_env_factory(environment)
+        expert_factory = expert_factory or get_expert_factory(environment)
+    rng = random.Random(seed)
+    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns) for spec in specs]
+    kept = [i for i, (_, won) in enumerate(played) if won]
+    for i in sorted(set(range(len(specs))) - set(kept)):
+        logger.warning("the expert did not win task %d (%s) within the turn limit; no demonstration for it",
+                       i, str(specs[i].get("task", ""))[:80])
+    if not kept:
+        raise ValueError(f"The expert won none of the {len(specs)} tasks; check the tasks and max_turns={max_turns}.")
+    eos = [tokenizer.eos_token_id]
+    responses = [[tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in played[i][0]] for i in kept]
+    pool = EnvPool(env_factory)
+    try:
+        trajectories = run_agent_loop(
+            [dict(specs[i]) for i in kept],
+            pool,
+            _ReplayGenerator(responses),
+            ChatFormat(tokenizer),
+            layout=layout,
+            template=template or PromptTemplate(history_window=history_window),
+            max_turns=max_turns,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+    finally:
+        pool.shutdown()
+    for trajectory, i in zip(trajectories, kept, strict=True):
+        if not trajectory.won or len(trajectory.turns) != len(played[i][0]):
+            raise RuntimeError(
+                f"Replaying the expert's episode of task {i} through the agent loop did not win in the same "
+                f"{len(played[i][0])} turns (won={trajectory.won}, turns={len(trajectory.turns)}, "
+                f"truncated={trajectory.truncated}); is max_prompt_tokens={max_prompt_tokens} too small?"
+            )
+    return trajectories
+
+
+def demonstration_dataset(trajectories: Sequence[Trajectory], layout: str = "turn") -> Any:
+    """TRL's conversational prompt-completion ``datasets.Dataset``, one row per expert turn.
+
+    Columns: ``prompt`` and ``completion`` (lists of chat messages), plus ``task_type`` and ``turn`` for
+    inspection. ``layout`` must be the one the trajectories were recorded in.
+    """
+    from datasets import Dataset
+
+    rows = []
+    for trajectory in trajectories:
+        conversation: list[dict[str, str]] = []
+        for t, turn in enumerate(trajectory.turns):
+            user = {"role": "user", "content": turn.prompt_text}
+            prompt = [user] if layout == "turn" else [*conversation, user]
+            reply = {"role": "assistant", "content": turn.response_text}
+            rows.append({
+                "prompt": prompt, "completion": [reply], "task_type": trajectory.task_type or "", "turn": t,
+            })
+            conversation = [*prompt, reply]
+    return Dataset.from_list(rows)

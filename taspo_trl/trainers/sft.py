@@ -1,0 +1,73 @@
+"""Warm start by supervised fine-tuning on expert demonstrations, with TRL's own ``SFTTrainer``.
+
+A small model that never writes a valid action gives GRPO, TASPO and AlignOPSD nothing to work with: every
+group fails and every advantage is 0. A short SFT pass on the environment's expert demonstrations, rendered in
+exactly the prompts the agent loop will show (``taspo_trl.rollout.demonstrations``), teaches the action format
+and the basic moves, so that RL starts from groups with both successes and failures.
+
+    config = AgentSFTConfig(output_dir="out", environment="alfworld", layout="turn", history_window=1)
+    dataset = demonstration_sft_dataset(rows, tokenizer, config)
+    SFTTrainer(model=..., args=config, train_dataset=dataset, processing_class=tokenizer).train()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from trl import SFTConfig
+
+from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
+from ..rollout.loop import LAYOUTS, task_spec_from_row
+
+
+@dataclass
+class AgentSFTConfig(SFTConfig):
+    r"""Configuration of the demonstration warm start: every field of `trl.SFTConfig`, plus the agent prompt
+    settings below, which must match the RL run that follows (same layout, window and turn cap).
+
+    `completion_only_loss` defaults to `True` here: the loss covers the expert's responses, never the prompts.
+
+    Parameters:
+        environment (`str`, defaults to `"alfworld"`):
+            Registered environment whose expert demonstrates (`taspo_trl.envs.register_expert` adds yours).
+        layout (`str`, defaults to `"turn"`):
+            Prompt layout of the demonstrations, as `AgentGRPOConfig.layout`: `"turn"` (one prompt per turn with
+            the last `history_window` steps) or `"sequence"` (the whole conversation so far).
+        history_window (`int`, defaults to `3`):
+            Recent (observation, action) pairs in a `turn`-layout prompt, as `AgentGRPOConfig.history_window`.
+        max_turns (`int` or `None`, defaults to `None`):
+            Turn cap; an expert episode longer than this is left out. `None` keeps the environment's limit.
+        max_prompt_tokens (`int` or `None`, defaults to `None`):
+            Longest prompt, as `AgentGRPOConfig.max_prompt_tokens`; `None` = no cap.
+        demonstration_seed (`int`, defaults to `0`):
+            Seed of the thoughts' wordings.
+    """
+
+    environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
+    layout: str = field(default="turn", metadata={"help": "Prompt layout: 'turn' or 'sequence'."})
+    history_window: int = field(default=3, metadata={"help": "Recent steps shown in a turn-layout prompt."})
+    max_turns: int | None = field(default=None, metadata={"help": "Turn cap per episode (None: environment's)."})
+    max_prompt_tokens: int | None = field(default=None, metadata={"help": "Longest prompt (None: no cap)."})
+    demonstration_seed: int = field(default=0, metadata={"help": "Seed of the thoughts' wordings."})
+    completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the responses only."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
+
+
+def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, config: AgentSFTConfig) -> Any:
+    """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``."""
+    trajectories = expert_demonstrations(
+        [task_spec_from_row(row) for row in rows],
+        tokenizer,
+        environment=config.environment,
+        layout=config.layout,
+        history_window=config.history_window,
+        max_turns=config.max_turns,
+        max_prompt_tokens=config.max_prompt_tokens,
+        seed=config.demonstration_seed,
+    )
+    return demonstration_dataset(trajectories, config.layout).select_columns(["prompt", "completion"])

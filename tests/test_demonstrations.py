@@ -1,0 +1,126 @@
+"""Expert demonstrations: every one wins when replayed in a fresh real environment, its prompts are token for
+token what the agent loop shows the policy (both layouts), its thoughts are not the action restated, and the
+dataset is TRL's conversational prompt-completion format."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from taspo_trl.envs import get_env_factory, get_expert_factory
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.search import search_task_rows
+from taspo_trl.envs.webshop import webshop_task_rows
+from taspo_trl.rollout.demonstrations import demonstration_dataset, expert_demonstrations, play_expert
+from taspo_trl.rollout.loop import task_spec_from_row
+
+_BLOCK = re.compile(r"^<think>(?P<thought>.+)</think> (?P<block><(?P<tag>action|search|answer)>(?P<action>.*)</(?P=tag)>)$", re.S)
+
+
+@pytest.fixture(scope="module")
+def alfworld_specs(tmp_path_factory):
+    games = generate_games(tmp_path_factory.mktemp("demo_games"), per_type=1, seed=3, split="train")
+    return [task_spec_from_row(row) for row in task_spec_rows(games)]
+
+
+def _replay_wins(environment: str, spec: dict, actions: list[str]) -> bool:
+    """Plays ``actions`` in a fresh environment of ``spec``, independently of the demonstration code."""
+    env = get_env_factory(environment)(dict(spec))
+    try:
+        env.reset()
+        result = None
+        for action in actions:
+            result = env.step(action)
+        return bool(result is not None and result.done and result.info.get("won"))
+    finally:
+        env.close()
+
+
+def _actions(trajectory, multi_tag: bool) -> list[str]:
+    return [_BLOCK.match(turn.response_text)["block" if multi_tag else "action"] for turn in trajectory.turns]
+
+
+@pytest.mark.parametrize("layout,window", [("turn", 1), ("turn", 3), ("sequence", 3)])
+def test_alfworld_demonstrations_win_and_match_the_loop_prompts(alfworld_specs, embedded_tokenizer, layout, window):
+    trajectories = expert_demonstrations(
+        alfworld_specs, embedded_tokenizer, environment="alfworld", layout=layout, history_window=window
+    )
+    assert len(trajectories) == len(alfworld_specs) == 6  # the planner's walkthrough wins every generated game
+    dataset = demonstration_dataset(trajectories, layout)
+    assert len(dataset) == sum(len(t.turns) for t in trajectories)
+    row = 0
+    for spec, trajectory in zip(alfworld_specs, trajectories, strict=True):
+        assert _replay_wins("alfworld", spec, _actions(trajectory, multi_tag=False))
+        for turn in trajectory.turns:
+            example = dataset[row]
+            row += 1
+            # TRL renders a conversational prompt with the chat template and a generation prompt: those must be
+            # exactly the ids the policy is conditioned on during rollouts.
+            rendered = embedded_tokenizer.apply_chat_template(example["prompt"], add_generation_prompt=True, tokenize=False)
+            assert embedded_tokenizer(rendered, add_special_tokens=False)["input_ids"] == turn.prompt_ids
+            assert example["completion"] == [{"role": "assistant", "content": turn.response_text}]
+            assert example["prompt"][-1]["role"] == "user"
+            if layout == "turn":
+                assert len(example["prompt"]) == 1
+            else:  # the whole conversation so far: user and assistant messages alternate
+                assert [m["role"] for m in example["prompt"]] == ["user", "assistant"] * (len(example["prompt"]) // 2) + ["user"]
+
+
+def test_alfworld_thoughts_explain_rather_than_repeat(alfworld_specs, embedded_tokenizer):
+    trajectories = expert_demonstrations(alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1)
+    thoughts = []
+    for trajectory in trajectories:
+        task_words = set(re.findall(r"[a-z]+", trajectory.task.lower())) - {"a", "some", "it", "in", "on", "put", "and", "the", "with", "then"}
+        for turn in trajectory.turns:
+            match = _BLOCK.match(turn.response_text)
+            assert match, turn.response_text
+            thought, action = match["thought"], match["action"]
+            assert thought.strip() and thought.strip().rstrip(".") != action
+            assert not thought.startswith(action)
+            thoughts.append(thought)
+        # Each episode's reasoning refers to its own task (the object or the place it names).
+        joined = " ".join(_BLOCK.match(t.response_text)["thought"].lower() for t in trajectory.turns)
+        assert any(word in joined for word in task_words), (trajectory.task, joined)
+    # Varied wording: far more distinct sentences than there are situations, none dominating.
+    assert len(set(thoughts)) >= 0.8 * len(thoughts)
+
+
+def test_thought_wording_follows_the_seed(alfworld_specs, embedded_tokenizer):
+    spec = alfworld_specs[0]
+    env_factory, expert = get_env_factory("alfworld"), get_expert_factory("alfworld")
+    first, won = play_expert(spec, env_factory, expert, random.Random(0))
+    again, _ = play_expert(spec, env_factory, expert, random.Random(0))
+    assert won and first == again
+    others = {tuple(play_expert(spec, env_factory, expert, random.Random(s))[0]) for s in range(1, 6)}
+    assert len(others | {tuple(first)}) > 1
+
+
+def test_webshop_and_search_demonstrations_win(embedded_tokenizer):
+    for environment, rows in (
+        ("webshop", webshop_task_rows(split="train", max_tasks=4)),
+        ("search", search_task_rows(split="train", max_tasks=6)),
+    ):
+        specs = [task_spec_from_row(row) for row in rows]
+        trajectories = expert_demonstrations(specs, embedded_tokenizer, environment=environment, history_window=1)
+        assert trajectories, environment
+        by_task = {spec["task"]: spec for spec in specs}
+        for trajectory in trajectories:
+            assert trajectory.won
+            spec = by_task[trajectory.task]
+            assert _replay_wins(environment, spec, _actions(trajectory, multi_tag=environment == "search"))
+
+
+def test_a_task_the_expert_cannot_finish_is_left_out(alfworld_specs, embedded_tokenizer, caplog):
+    short = [dict(spec, max_turns=2) for spec in alfworld_specs[:2]]  # every walkthrough needs 4 or more steps
+    with pytest.raises(ValueError, match="won none"):
+        expert_demonstrations(short, embedded_tokenizer, environment="alfworld")
+    kept = expert_demonstrations([short[0], alfworld_specs[1]], embedded_tokenizer, environment="alfworld")
+    assert [t.task for t in kept] == [alfworld_specs[1]["task"]]
+    assert "did not win" in caplog.text
+
+
+def test_an_environment_without_an_expert_is_named():
+    with pytest.raises(ValueError, match="register_expert"):
+        get_expert_factory("no-such-env")
