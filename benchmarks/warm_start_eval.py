@@ -1,0 +1,121 @@
+"""How well a policy acts on ALFWorld: the embedded model against its warm start (or any checkpoints).
+
+    python benchmarks/warm_start_eval.py                       # embedded vs embedded:smollm2-135m-alfworld
+    python benchmarks/warm_start_eval.py --models PATH [PATH ...] --games-per-type 2 --out results.json
+
+Two measurements per model, both with the quickstart's prompts (turn layout, history window 1):
+1. greedy decoding on generated ``eval_unseen`` games (rooms and objects the warm start never saw): the
+   valid-action rate over all turns, success per task family, and the mean steps of the won episodes;
+2. sampling at temperature 1 on the quickstart's own train games with its K siblings per game: in how many
+   groups at least one sibling wins (what TASPO needs to have something to learn from) and how many are mixed.
+
+Prints a markdown table per measurement and writes everything as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from taspo_trl.envs import get_env_factory
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.evaluation import EvalArguments, evaluate_rows
+from taspo_trl.models import load_model_and_tokenizer
+
+
+def act_stats(trajectories: list[Any]) -> dict[str, Any]:
+    """Valid-action rate, success per family and overall, mean steps of won episodes."""
+    turns = [turn for t in trajectories for turn in t.turns]
+    families: dict[str, list[bool]] = defaultdict(list)
+    for t in trajectories:
+        families[t.task_type or "unknown"].append(t.won)
+    won = [t for t in trajectories if t.won]
+    return {
+        "valid_action_rate": sum(turn.action_valid for turn in turns) / max(len(turns), 1),
+        "success": sum(t.won for t in trajectories) / max(len(trajectories), 1),
+        "success_per_family": {f: sum(w) / len(w) for f, w in sorted(families.items())},
+        "mean_steps_won": sum(t.num_turns for t in won) / len(won) if won else None,
+        "episodes": len(trajectories),
+    }
+
+
+def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
+    groups = [trajectories[i : i + group_size] for i in range(0, len(trajectories), group_size)]
+    wins = [sum(t.won for t in g) for g in groups]
+    return {
+        "groups": len(groups),
+        "groups_with_a_success": sum(w > 0 for w in wins),
+        "mixed_groups": sum(0 < w < group_size for w in wins),
+        "wins_per_group": wins,
+        **act_stats(trajectories),
+    }
+
+
+def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:
+    model, tokenizer = load_model_and_tokenizer(model_name)
+    env_factory = get_env_factory("alfworld")
+    started = time.perf_counter()
+    greedy = EvalArguments(history_window=1, max_turns=args.eval_turns, max_completion_length=args.max_completion_length,
+                           temperature=0.0, eval_batch_size=len(unseen_rows), seed=0)
+    unseen = act_stats(evaluate_rows(unseen_rows, model, tokenizer, greedy, env_factory))
+    sampled = EvalArguments(history_window=1, max_turns=args.train_turns, max_completion_length=args.max_completion_length,
+                            temperature=1.0, eval_batch_size=len(train_rows) * args.siblings, seed=0)
+    siblings = [row for row in train_rows for _ in range(args.siblings)]
+    train = group_stats(evaluate_rows(siblings, model, tokenizer, sampled, env_factory), args.siblings)
+    return {"model": model_name, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    families = sorted({f for r in results for f in r["eval_unseen_greedy"]["success_per_family"]})
+    short = [f.split("_")[0] if not f.startswith("pick_") else f.split("_")[1] for f in families]
+    lines = [
+        "Greedy, eval_unseen:",
+        "",
+        "| Model | Valid actions | " + " | ".join(short) + " | All | Mean steps (won) |",
+        "|---|---|" + "---|" * len(families) + "---|---|",
+    ]
+    for r in results:
+        g = r["eval_unseen_greedy"]
+        steps = "-" if g["mean_steps_won"] is None else f"{g['mean_steps_won']:.1f}"
+        cells = " | ".join(f"{g['success_per_family'].get(f, 0.0):.2f}" for f in families)
+        lines.append(f"| {r['model']} | {g['valid_action_rate']:.2f} | {cells} | {g['success']:.2f} | {steps} |")
+    lines += ["", "Temperature 1, quickstart train games, K siblings per game:", "",
+              "| Model | Valid actions | Success | Groups with a success | Mixed groups |", "|---|---|---|---|---|"]
+    for r in results:
+        t = r["train_siblings_t1"]
+        lines.append(f"| {r['model']} | {t['valid_action_rate']:.2f} | {t['success']:.2f} | "
+                     f"{t['groups_with_a_success']}/{t['groups']} | {t['mixed_groups']}/{t['groups']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["embedded", "embedded:smollm2-135m-alfworld"])
+    parser.add_argument("--games-per-type", type=int, default=2, help="eval_unseen games per family")
+    parser.add_argument("--eval-turns", type=int, default=20)
+    parser.add_argument("--train-turns", type=int, default=8, help="the quickstart's max_turns")
+    parser.add_argument("--siblings", type=int, default=4, help="the quickstart's num_generations")
+    parser.add_argument("--max-completion-length", type=int, default=48, help="the quickstart's response length")
+    parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
+    parser.add_argument("--out", default="outputs/warm_start_eval.json")
+    args = parser.parse_args(argv)
+
+    root = Path(args.games_dir or tempfile.mkdtemp(prefix="warm_start_eval-"))
+    unseen_rows = task_spec_rows(generate_games(root / "eval_unseen", args.games_per_type, 0, "eval_unseen"))
+    train_rows = task_spec_rows(generate_games(root / "quickstart", 1, 0, "train"))  # the quickstart's six games
+    results = [evaluate_model(name, unseen_rows, train_rows, args) for name in args.models]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(render(results), flush=True)
+    print(f"wrote {args.out}", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()
