@@ -158,11 +158,9 @@ def _recording(trainer_class: type) -> type:
                 recomputed = self._snapshot_logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
             policy = batch["tool_mask"] > 0  # response tokens of real rows (observations and padding rows are 0)
             gap = (recomputed.float() - batch["sampling_per_token_logps"]).abs()[policy]
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
             self.check_records.append(
                 {
-                    "logprob_max_abs_diff": gap.max().item(),
+                    "logprob_max_abs_diff": gap.max().item(),  # .item() waits for the GPU, before the clock stops
                     "pi": list(getattr(self, "last_privileged_info", getattr(self, "last_skill_texts", []))),
                     "weights": [list(w) for w in getattr(self, "last_weights", [])],
                     "probe_seconds": time.perf_counter() - started,
