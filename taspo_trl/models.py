@@ -205,19 +205,22 @@ def make_tiny_model_dir(
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
     max_position_embeddings: int = 4096,
+    model_type: str = "llama",
     **config_overrides: Any,
 ) -> str:
-    """Save a tiny random-weight ``LlamaForCausalLM`` with ``tokenizer_source``'s tokenizer to ``out_dir``.
+    """Save a random-weight causal LM (tiny by default) with ``tokenizer_source``'s tokenizer to ``out_dir``.
 
     Same vocabulary and chat template as the real policy, so prompts, action spans and rollouts exercise the
     real tokenization, while a forward pass costs milliseconds. The weights depend only on ``seed``.
-    Extra keyword arguments go to ``LlamaConfig``. Returns ``out_dir`` as a string.
+    ``model_type`` is a ``transformers`` architecture name (``"llama"``, ``"qwen2"``, ...); extra keyword
+    arguments go to its config and win over the defaults here (``vocab_size`` defaults to the tokenizer's
+    length). Returns ``out_dir`` as a string.
     """
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    config = LlamaConfig(
+    settings: dict[str, Any] = dict(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -229,12 +232,12 @@ def make_tiny_model_dir(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=pad_id,
         tie_word_embeddings=True,
-        **config_overrides,
     )
+    config = AutoConfig.for_model(model_type, **{**settings, **config_overrides})
     # Seed a forked RNG so building a tiny model never shifts the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
     )
