@@ -1,0 +1,354 @@
+"""Credit quality: does each method's per-action credit go to the actions that made progress?
+
+One batch of ALFWorld rollouts (``--games-per-type`` games of every family, ``--group-size`` siblings each) is
+played once; then every method's own credit path (its trainer's ``turn_advantages``, the call of one GRPO step)
+runs on that same batch, with no training. Each action is labelled by the planner: it "made progress" when Fast
+Downward's distance to the goal is shorter after it than before it (``taspo_trl.envs.alfworld.progress``).
+
+Per method the score is the Mann-Whitney AUC of the action weight against "made progress", pooled over the
+successful trajectories and, separately, over the failed ones. The action weight is the turn's advantage divided by
+its trajectory's outcome advantage A_i (``taspo_trl.credit.quality.action_weights``; a per-token advantage counts
+with its turn mean), so GRPO's weights are all 1 and its AUC is 0.5. Reading the AUC:
+- successful trajectories (A_i > 0): above 0.5 means progress actions get more of the reward;
+- failed trajectories (A_i < 0): BELOW 0.5 means progress actions get less of the blame.
+Trajectories whose A_i is 0 (groups that all won or all failed) carry no outcome credit and are left out.
+
+Siblings (``--siblings``):
+- ``sampled``: every sibling is sampled from ``--model`` (the warm-started policy is meant for this);
+- ``scripted``: the four plans of ``taspo_trl.rollout.scripted.walkthrough_plans`` (two walkthrough wins, two
+  stalling failures), scored with the model's real log-probs: successes for TASPO even from an untrained model;
+- ``mixed``: the two winning plans plus sampled siblings for the rest of each group.
+With plans, a game's turn cap is raised to its walkthrough length + 1 where ``--max-turns`` is shorter.
+
+Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
+batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
+Not scored: Skill-GRPO (GRPO's credit; it changes the policy's prompt, hence the rollouts) and OPD (needs a larger
+teacher model).
+
+    python benchmarks/credit_quality.py --model embedded --siblings scripted
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+import taspo_trl.trainers.grpo as grpo_module
+from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
+from taspo_trl.credit.quality import action_weights, mann_whitney_auc
+from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.alfworld.env import read_game_file
+from taspo_trl.envs.alfworld.progress import goal_distances, made_progress
+from taspo_trl.models import resolve_model_path
+from taspo_trl.rollout.loop import run_agent_loop
+from taspo_trl.rollout.records import Trajectory
+from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.trainers import BaselineConfig, BaselineTrainer
+
+DEFAULT_MODEL = "embedded:smollm2-135m-alfworld"
+SIBLINGS = ("sampled", "scripted", "mixed")
+POOLS = ("success", "failed")
+
+METHODS: dict[str, tuple[type, type, dict[str, Any]]] = {
+    "grpo": (AgentGRPOConfig, AgentGRPOTrainer, {}),
+    "taspo": (TASPOConfig, TASPOTrainer, {}),
+    "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer, {}),
+    **{
+        name: (BaselineConfig, BaselineTrainer, {"baseline": name})
+        for name in ("gigpo", "rlsd", "opid", "stepopsd", "opsd", "grpo_opsd", "sdar", "skill_sd")
+    },
+}
+"""Method name -> (config class, trainer class, config settings). GRPO comes first: its trainer plays the batch."""
+
+
+def _config(method: str, out_dir: Path, args: argparse.Namespace) -> Any:
+    config_class, _, settings = METHODS[method]
+    return config_class(
+        output_dir=str(out_dir / method),
+        per_device_train_batch_size=args.group_size,
+        num_generations=args.group_size,
+        max_completion_length=args.max_completion_length,
+        max_turns=None,  # each row carries its own cap (see _rows)
+        max_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=args.seed,
+        **settings,
+    )
+
+
+def _rows(games: list[Path], args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[str | None] | None]]:
+    """Dataset rows, ``group_size`` consecutive siblings per game, and each sibling's plan (``None``: sampled)."""
+    rows, plans = [], []
+    for game, row in zip(games, task_spec_rows(games), strict=True):
+        walkthrough = read_game_file(game)["walkthrough"]
+        cap = args.max_turns if args.siblings == "sampled" else max(args.max_turns, len(walkthrough) + 1)
+        scripted = walkthrough_plans(walkthrough, cap, wins=2)
+        for k in range(args.group_size):
+            rows.append({**row, "max_turns": cap})
+            if args.siblings == "scripted":
+                plans.append(scripted[k % len(scripted)])
+            elif args.siblings == "mixed" and k < 2:
+                plans.append(scripted[k])
+            else:
+                plans.append(None)
+    return rows, plans
+
+
+def _loop_with_plans(trainer: Any, plans: list[list[str | None] | None]) -> Callable[..., list[Trajectory]]:
+    """The agent loop, with the planned siblings played by a ``PlannedGenerator`` and the others by the trainer's
+    own sampler. Two loops over the two subsets, since a planned sibling's episode length is fixed by its plan and
+    a sampled one's is not; the trainer numbers the groups afterwards from the row order, which is kept."""
+
+    def loop(task_specs: list[dict[str, Any]], pool: Any, generate: Any, chat: Any, **kwargs: Any) -> list[Trajectory]:
+        planned = [k for k, plan in enumerate(plans) if plan is not None]
+        sampled = [k for k, plan in enumerate(plans) if plan is None]
+        scripted = PlannedGenerator(trainer.model, trainer.processing_class, [plans[k] for k in planned], trainer.args.temperature)
+        out: list[Trajectory | None] = [None] * len(task_specs)
+        for keys, generator in ((planned, scripted), (sampled, generate)):
+            if keys:
+                played = run_agent_loop([task_specs[k] for k in keys], pool, generator, chat, **kwargs)
+                for k, trajectory in zip(keys, played, strict=True):
+                    out[k] = trajectory
+        return out
+
+    return loop
+
+
+def _play(trainer: AgentGRPOTrainer, rows: list[dict[str, Any]], plans: list) -> tuple[dict[str, Any], list]:
+    """One GRPO step's rollout and credit on ``rows``; returns the inputs its ``turn_advantages`` saw and its output."""
+    seen: dict[str, Any] = {}
+    own = trainer.turn_advantages
+
+    def spy(trajectories, advantages, rows_, batch):
+        seen.update(trajectories=trajectories, advantages=advantages, rows=rows_, batch=batch)
+        seen["credit"] = own(trajectories, advantages, rows_, batch)
+        return seen["credit"]
+
+    trainer.turn_advantages = spy
+    patched = grpo_module.run_agent_loop
+    if any(plan is not None for plan in plans):
+        grpo_module.run_agent_loop = _loop_with_plans(trainer, plans)
+    try:
+        trainer._generate_and_score_completions([dict(row) for row in rows])
+    finally:
+        grpo_module.run_agent_loop = patched
+        trainer.turn_advantages = own
+    return seen, seen.pop("credit")
+
+
+def _labels(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
+    """Planner distances and progress labels of every trajectory, replayed from its own commands."""
+    games: dict[str, dict[str, Any]] = {}
+    out = []
+    for i, trajectory in enumerate(trajectories):
+        game_file = trajectory.task_spec["game_file"]
+        game = games.setdefault(game_file, read_game_file(game_file))
+        commands = [turn.action if turn.action_valid else "" for turn in trajectory.turns]  # as the loop sent them
+        distances = goal_distances(game, commands)
+        if (distances[-1] == 0) != trajectory.won:
+            raise RuntimeError(f"trajectory {i}: the replay ends at distance {distances[-1]} but won={trajectory.won}")
+        out.append({"commands": commands, "distances": distances, "progress": made_progress(distances)})
+    return out
+
+
+def _shared_teacher_gaps(trainer: BaselineTrainer, memo: dict) -> None:
+    """Reuse the teacher pass of an earlier method with the same contexts (see the module docstring)."""
+    own = trainer._teacher_gaps
+
+    def gaps(trajectories, contexts):
+        key = tuple(contexts)
+        if key not in memo:
+            memo[key] = own(trajectories, contexts)
+        return memo[key]
+
+    trainer._teacher_gaps = gaps
+
+
+def _method_credit(
+    method: str, model: str, dataset: Dataset, seen: dict[str, Any], out_dir: Path, args: argparse.Namespace, memo: dict
+) -> list[list[float | list[float]]]:
+    """``method``'s per-turn advantages on the played batch, from a trainer of its own on the same weights."""
+    _, trainer_class, _ = METHODS[method]
+    trainer = trainer_class(model=model, args=_config(method, out_dir, args), train_dataset=dataset)
+    trainer.model.train()  # a training step's mode: metrics and group sizes read it
+    if isinstance(trainer, BaselineTrainer):
+        _shared_teacher_gaps(trainer, memo)
+    try:
+        return trainer.turn_advantages(seen["trajectories"], seen["advantages"], seen["rows"], seen["batch"])
+    finally:
+        trainer.close()
+
+
+def score(credit: list, advantages: list[float], won: list[bool], labels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per pool (successful / failed trajectories): the AUC of the action weights against progress, the counts,
+    and the mean weight of progress and other actions."""
+    pools: dict[str, tuple[list[float], list[bool]]] = {pool: ([], []) for pool in POOLS}
+    for per_turn, advantage, success, label in zip(credit, advantages, won, labels, strict=True):
+        weights = action_weights(per_turn, advantage)
+        if weights is None:
+            continue
+        scores, flags = pools["success" if success else "failed"]
+        for weight, progress in zip(weights, label["progress"], strict=True):
+            if progress is not None:
+                scores.append(weight)
+                flags.append(progress)
+    out = {}
+    for pool, (scores, flags) in pools.items():
+        progress = [s for s, f in zip(scores, flags) if f]
+        other = [s for s, f in zip(scores, flags) if not f]
+        out[pool] = {
+            "auc": mann_whitney_auc(scores, flags),
+            "progress_actions": len(progress),
+            "other_actions": len(other),
+            "mean_weight_progress": sum(progress) / len(progress) if progress else None,
+            "mean_weight_other": sum(other) / len(other) if other else None,
+        }
+    return out
+
+
+def plot(results: dict[str, Any], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(results["methods"])
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(methods) + 2), 4))
+    width = 0.38
+    for offset, pool, label in ((-width / 2, "success", "successful (good: > 0.5)"), (width / 2, "failed", "failed (good: < 0.5)")):
+        values = [results["methods"][m]["scores"][pool]["auc"] for m in methods]
+        xs = [k + offset for k in range(len(methods))]
+        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width, label=label)
+        for x, v in zip(xs, values):
+            ax.text(x, 0.02 if v is None else v + 0.01, "n/a" if v is None else f"{v:.2f}", ha="center", fontsize=7)
+    ax.axhline(0.5, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("AUC of action weight vs. made progress")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="policy (default: the warm-started embedded policy)")
+    parser.add_argument("--siblings", default="sampled", choices=SIBLINGS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--games-per-type", type=int, default=1, help="games of each of the six families")
+    parser.add_argument("--task-types", nargs="+", default=None, help="only these families")
+    parser.add_argument("--group-size", type=int, default=4, help="siblings per game")
+    parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--max-completion-length", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="outputs/credit_quality", help="folder for credit_quality.json and .png")
+    args = parser.parse_args(argv)
+    if "grpo" not in args.methods:
+        args.methods = ["grpo", *args.methods]  # GRPO's trainer plays the batch
+
+    model = resolve_model_path(args.model)
+    if args.model.startswith("embedded:") and not Path(model).is_dir():
+        parser.error(f"{args.model} is not available here yet; try --model embedded (the base model)")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_dir = Path(tmp)
+        games = generate_games(tmp_dir / "games", args.games_per_type, args.seed, "train", task_types=args.task_types)
+        rows, plans = _rows(games, args)
+        names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
+        dataset = Dataset.from_list(rows)
+
+        started = time.perf_counter()
+        player = AgentGRPOTrainer(model=model, args=_config("grpo", tmp_dir, args), train_dataset=dataset)
+        player.model.train()
+        try:
+            seen, grpo_credit = _play(player, rows, plans)
+        finally:
+            player.close()
+        timings["rollout_and_grpo"] = time.perf_counter() - started
+        print(f"rollout and GRPO credit: {timings['rollout_and_grpo']:.1f} s", flush=True)
+        trajectories = seen["trajectories"]
+        advantages = [float(a) for a in seen["advantages"]]
+        won = [t.won for t in trajectories]
+
+        started = time.perf_counter()
+        labels = _labels(trajectories)
+        timings["labels"] = time.perf_counter() - started
+
+        credit = {"grpo": grpo_credit}
+        memo: dict = {}
+        if any(a != 0.0 for a in advantages):  # otherwise no method has outcome credit to place
+            for method in args.methods:
+                if method != "grpo":
+                    started = time.perf_counter()
+                    credit[method] = _method_credit(method, model, dataset, seen, tmp_dir, args, memo)
+                    timings[method] = time.perf_counter() - started
+                    print(f"{method}: credit in {timings[method]:.1f} s", flush=True)
+
+    scored = [(advantage != 0.0, success, label) for advantage, success, label in zip(advantages, won, labels)]
+    results: dict[str, Any] = {
+        "settings": {**vars(args), "model_path": model, "games": list(names.values())},
+        "batch": {
+            "trajectories": len(trajectories),
+            "won": sum(won),
+            "nonzero_advantage": sum(nonzero for nonzero, _, _ in scored),
+            **{
+                f"{pool}_progress_fraction": _fraction(
+                    [p for nonzero, success, label in scored if nonzero and success == (pool == "success")
+                     for p in label["progress"] if p is not None]
+                )
+                for pool in POOLS
+            },
+        },
+        "seconds": timings,
+        "methods": {m: {"scores": score(credit[m], advantages, won, labels)} for m in args.methods if m in credit},
+        "trajectories": [
+            {
+                "game": names[t.task_spec["game_file"]], "won": t.won, "advantage": a,
+                "planned": plan is not None, **label,
+                "weights": {m: action_weights(credit[m][i], a) for m in credit},
+            }
+            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, plans))
+        ],
+    }
+    (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
+    title = f"{args.model}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
+    plot(results, out_dir / "credit_quality.png", title)
+    _print_table(results)
+    return results
+
+
+def _fraction(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def _print_table(results: dict[str, Any]) -> None:
+    batch = results["batch"]
+    print(f"{batch['trajectories']} trajectories, {batch['won']} won, {batch['nonzero_advantage']} with A != 0")
+    print("| method | AUC successful (n progress / other) | AUC failed (n progress / other) |")
+    print("|---|---|---|")
+    for method, entry in results["methods"].items():
+        cells = []
+        for pool in POOLS:
+            s = entry["scores"][pool]
+            auc = "n/a" if s["auc"] is None else f"{s['auc']:.3f}"
+            cells.append(f"{auc} ({s['progress_actions']} / {s['other_actions']})")
+        print(f"| {method} | {' | '.join(cells)} |")
+
+
+if __name__ == "__main__":
+    main()
