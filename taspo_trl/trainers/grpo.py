@@ -221,6 +221,49 @@ class AgentGRPOTrainer(GRPOTrainer):
         )
         return logps
 
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """TRL's log-probs (and entropies) of the last ``logits_to_keep`` tokens, computed on CPU from those
+        positions' logits only.
+
+        TRL's fused log-prob head projects every position of the row through the LM head where Triton is
+        unavailable (so that tile shapes stay fixed), prompt and padding included, and keeps only the
+        completion's. On a turn-layout row the prompt is most of the row, so on CPU the head's projection,
+        softmax and their backward dominate; here the model returns the ``logits_to_keep + 1`` needed logits
+        and the same quantities follow: log_softmax(logits / temperature) at each token, its entropy, 0 at
+        unattended positions. GPUs, router losses and multimodal inputs keep TRL's path."""
+        if (
+            input_ids.device.type != "cpu"
+            or compute_aux_loss
+            or self.args.cast_lm_head_to_fp32
+            or any(value is not None for value in multimodal.values())
+        ):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )
+        step = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), step):
+            ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
+            with self.accelerator.autocast():
+                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
+            log_probs = (logits[:, :-1].float() / self.temperature).log_softmax(-1)
+            unattended = mask[:, -logits_to_keep:] == 0
+            logps.append(log_probs.gather(-1, ids[:, -logits_to_keep:, None]).squeeze(-1).masked_fill(unattended, 0.0))
+            if compute_entropy:
+                entropies.append((-(log_probs.exp() * log_probs).sum(-1)).masked_fill(unattended, 0.0))
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
     @property
     def rescore_batch_size(self) -> int:
         return self.args.rescore_batch_size or self.args.per_device_train_batch_size
