@@ -89,3 +89,30 @@ def test_zero_advantage_rows_are_trained_when_they_have_a_gradient(tmp_path, tin
         assert not trainer._zero_advantage_rows_skippable
     finally:
         trainer.close()
+
+
+def test_repack_fills_a_short_process_with_placeholder_rows():
+    """A process with fewer kept rows than the busiest one keeps its rows intact and fills the rest with rows
+    that attend one token and have no loss-mask token."""
+    from taspo_trl.trainers.packing import repack
+
+    prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 1, 1]])
+    completion_mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
+    batch = {
+        "prompt_ids": torch.arange(12).view(4, 3) * prompt_mask, "prompt_mask": prompt_mask,
+        "completion_ids": torch.arange(12, 24).view(4, 3) * completion_mask, "completion_mask": completion_mask,
+        "tool_mask": completion_mask.float(), "advantages": torch.tensor([[1.0] * 3, [0.0] * 3, [0.0] * 3, [-2.0] * 3]),
+        "num_items_in_batch": torch.tensor(4.0),
+    }
+    halves = [{k: v[:2] if v.ndim else v for k, v in batch.items()}, {k: v[2:] if v.ndim else v for k, v in batch.items()}]
+    packed = repack(halves, torch.tensor([True, False, False, True]), sizes=[2, 2])
+    assert [b["prompt_ids"].size(0) for b in packed] == [2, 2]
+    first, second = packed
+    # row 3 (3 attended tokens) before row 0 (4), trimmed to 2 prompt and 2 completion columns
+    assert first["prompt_ids"].tolist() == [[10, 11], [1, 2]] and first["completion_ids"].tolist() == [[21, 0], [12, 13]]
+    assert first["advantages"][:, 0].tolist() == [-2.0, 1.0]
+    # no kept row left: two placeholder rows, one attended prompt token each, nothing in the loss
+    assert second["prompt_mask"].tolist() == [[1], [1]] and second["completion_mask"].sum() == 0
+    assert torch.equal(second["num_items_in_batch"], batch["num_items_in_batch"])
+    widened = repack(halves, torch.tensor([True, False, False, False]), sizes=[2, 1])[0]
+    assert widened["prompt_mask"].tolist() == [[1, 1], [0, 1]] and widened["completion_mask"][1].sum() == 0

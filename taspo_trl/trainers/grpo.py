@@ -44,7 +44,7 @@ from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop, task_spec_from_row
 from ..rollout.records import Trajectory
-from .packing import merge, repack
+from .packing import merge, micro_batch_sizes, repack
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         a row sum, every row stays in its micro-batch and only padding columns go."""
         row_sum = self._loss_is_row_sum
         window = self._exchange_window() if row_sum else 1
-        out: list[dict[str, Any]] = []
+        windows, keeps = [], []
         skipped = real = 0
         for start in range(0, len(micro_batches), window):
             part = micro_batches[start : start + window]
@@ -345,8 +345,15 @@ class AgentGRPOTrainer(GRPOTrainer):
                 keep = is_real
             skipped += int((is_real & ~keep).sum())
             real += int(is_real.sum())
-            out += repack(part, keep)
-        counts = self.accelerator.gather(torch.tensor([[skipped, real]], device=self.accelerator.device)).sum(0)
+            windows.append(part)
+            keeps.append(keep)
+        # Each window's micro-batch sizes follow the process with the most kept rows in it.
+        local = torch.tensor([[skipped, real] + [int(k.sum()) for k in keeps]], device=self.accelerator.device)
+        everywhere = self.accelerator.gather(local)
+        counts, most_kept = everywhere[:, :2].sum(0), everywhere[:, 2:].max(0).values.tolist()
+        out: list[dict[str, Any]] = []
+        for part, keep, rows in zip(windows, keeps, most_kept, strict=True):
+            out += repack(part, keep, micro_batch_sizes(rows, len(part)))
         self._metrics["train"]["rows/skipped"].append(float(counts[0]))
         self._metrics["train"]["rows/skipped_fraction"].append(float(counts[0]) / max(float(counts[1]), 1.0))
         return out

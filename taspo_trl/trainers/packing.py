@@ -13,7 +13,8 @@ changing that sum. ``repack`` then rebuilds them:
 - each micro-batch drops the columns none of its rows attends to;
 - a micro-batch left without rows becomes a one-token placeholder whose loss is exactly 0, so every process
   still runs one forward and one backward per micro-batch (DDP's gradient all-reduce and TRL's metric
-  reductions are collective) and the optimizer sees zero gradients where TRL's path would have produced them.
+  reductions are collective) and the optimizer sees zero gradients where TRL's path would have produced them;
+  placeholder rows also even out the row counts across processes, which TRL's per-row metric gathers need.
 """
 
 from __future__ import annotations
@@ -77,13 +78,50 @@ def placeholder(batch: Batch) -> Batch:
     return row
 
 
-def repack(micro_batches: list[Batch], keep: torch.Tensor) -> list[Batch]:
-    """As many micro-batches as ``micro_batches``, holding their rows where ``keep`` (a bool per row of
-    ``merge(micro_batches)``), sorted by length, each trimmed of padding; empty ones become placeholders."""
+def _widen(batch: Batch, prompt_width: int, completion_width: int) -> Batch:
+    """``batch`` zero-padded to the given widths (prompts on the left, completions on the right); the zeros
+    are neither attended nor in the loss mask."""
+    out = {}
+    for key, value in batch.items():
+        if key in PROMPT_KEYS:
+            out[key] = torch.nn.functional.pad(value, (prompt_width - value.size(1), 0))
+        elif _per_row(value) and value.ndim == 2:
+            out[key] = torch.nn.functional.pad(value, (0, completion_width - value.size(1)))
+        else:
+            out[key] = value
+    return out
+
+
+def micro_batch_sizes(rows: int, count: int) -> list[int]:
+    """Rows per micro-batch when ``rows`` rows are cut into ``count`` micro-batches: as even as possible, and
+    at least one (a placeholder) in each."""
+    return [max(1, len(chunk)) for chunk in torch.tensor_split(torch.arange(rows), count)]
+
+
+def repack(micro_batches: list[Batch], keep: torch.Tensor, sizes: list[int]) -> list[Batch]:
+    """Micro-batches of ``sizes`` rows (one per entry, ``sum(sizes) >= keep.sum()``) holding the rows of
+    ``micro_batches`` where ``keep`` (a bool per row of ``merge(micro_batches)``), sorted by length, each
+    trimmed of padding; placeholder rows fill what the kept rows leave free.
+
+    Every process must give each micro-batch the same number of rows: TRL's loss gathers per-row metrics
+    across processes, and collectives need equal sizes. ``sizes`` is therefore computed from the largest
+    number of kept rows over the processes; a process with fewer kept rows fills in placeholders."""
     merged = merge(micro_batches)
+    filler = placeholder(merged)
     lengths = merged["prompt_mask"].sum(1) + merged["completion_mask"].sum(1)
     rows = keep.nonzero().squeeze(1)
     # Ascending, so that when the rows do not divide evenly the extra row goes to a micro-batch of short rows.
-    ordered = rows[torch.argsort(lengths[rows], stable=True)]
-    chunks = torch.tensor_split(ordered.cpu(), len(micro_batches))
-    return [trim_padding(select_rows(merged, chunk)) if chunk.numel() else placeholder(merged) for chunk in chunks]
+    ordered = rows[torch.argsort(lengths[rows], stable=True)].cpu()
+    out, start = [], 0
+    for size in sizes:
+        chunk = ordered[start : start + size]
+        start += chunk.numel()
+        if chunk.numel() == 0:
+            out.append(merge([filler] * size))
+            continue
+        batch = trim_padding(select_rows(merged, chunk))
+        if chunk.numel() < size:
+            widened = _widen(filler, batch["prompt_ids"].size(1), batch["completion_ids"].size(1))
+            batch = merge([batch] + [widened] * (size - chunk.numel()))
+        out.append(batch)
+    return out
