@@ -145,10 +145,13 @@ def build_task_rows(environment: str, script_args: AgentScriptArguments, max_tur
     return rows
 
 
-def build_trainer(argv: list[str], callbacks: list | None = None, model_override: str | None = None) -> Any:
+def build_trainer(
+    argv: list[str], callbacks: list | None = None, model_override: str | None = None, reward_funcs: list | None = None
+) -> Any:
     """Parse a recipe plus command-line overrides and build its dataset and trainer (no training).
 
-    ``model_override`` replaces the recipe's model (the recipe tests build every recipe with a tiny model).
+    ``model_override`` replaces the recipe's model (the recipe tests build every recipe with a tiny model);
+    ``reward_funcs`` replaces the default reward (the environment's verified reward).
     """
     from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config
@@ -177,6 +180,7 @@ def build_trainer(argv: list[str], callbacks: list | None = None, model_override
         model=model_path,
         args=config,
         train_dataset=dataset,
+        reward_funcs=reward_funcs,
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )

@@ -106,3 +106,31 @@ def test_turn_table_and_completions_log(tmp_path, tiny_model_dir):
     assert list(trainer._logs["prompt"]) == [t.task for t in trajectories]
     per_turn = list(trainer._logs["extra"]["turn_advantages"])
     assert [len(s.split(", ")) for s in per_turn] == [t.num_turns for t in trajectories]
+
+
+def test_cpu_logprobs_match_trls_fused_head(tmp_path, tiny_model_dir):
+    """On CPU the trainer scores only the completion's positions; TRL's fused head scores every position. Same
+    log-probs, entropies and gradients, at a sampling temperature other than 1."""
+    from trl import GRPOTrainer
+
+    trainer = AgentGRPOTrainer(
+        model=tiny_model_dir, args=_config(tmp_path, "turn", temperature=0.7), train_dataset=_dataset(), env_factory=locker_factory
+    )
+    try:
+        batch = trainer._generate_and_score_completions([dict(r) for r in _dataset(1)] * 4)
+    finally:
+        trainer.close()
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    width = batch["completion_ids"].size(1)
+    parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+    results = []
+    for compute in (AgentGRPOTrainer._get_per_token_logps_and_entropies, GRPOTrainer._get_per_token_logps_and_entropies):
+        logps, entropies, _ = compute(trainer, trainer.model, input_ids, attention, width, batch_size=3, compute_entropy=True)
+        surrogate = (logps * batch["advantages"] * batch["tool_mask"]).sum() + (entropies * batch["completion_mask"]).sum()
+        results.append((logps.detach(), entropies.detach(), torch.autograd.grad(surrogate, parameters)))
+    (ours, our_entropy, our_grads), (trl, trl_entropy, trl_grads) = results
+    assert ours.shape == trl.shape == batch["completion_ids"].shape
+    assert torch.allclose(ours, trl, atol=1e-5) and torch.allclose(our_entropy, trl_entropy, atol=1e-4)
+    for a, b in zip(our_grads, trl_grads):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -11,6 +11,11 @@ One training step, top to bottom (``_generate_and_score_completions``):
 5. lay trajectories out as training rows, give every policy token of turn t the advantage A_i w_it and the
    Eq. 7 balancing weight 1 / (T_i |R_it|), which enters TRL's ``dapo`` loss as a fractional token mask;
 6. log-probs of the rollout snapshot / reference where TRL's loss needs them, metrics, and the batch.
+
+TRL then cuts the batch into micro-batches (``_prepare_inputs``); when the loss allows it exactly, they are
+repacked (``packing.repack``): rows whose loss is zero (with ``beta = 0``: every row whose advantages are all 0,
+e.g. all rows of a group without any success) are left out of the forward and backward passes, and the rest
+are grouped by length and stripped of padding.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop, task_spec_from_row
 from ..rollout.records import Trajectory
+from .packing import merge, micro_batch_sizes, repack
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +221,49 @@ class AgentGRPOTrainer(GRPOTrainer):
         )
         return logps
 
+    def _get_per_token_logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """TRL's log-probs (and entropies) of the last ``logits_to_keep`` tokens, computed on CPU from those
+        positions' logits only.
+
+        TRL's fused log-prob head projects every position of the row through the LM head where Triton is
+        unavailable (so that tile shapes stay fixed), prompt and padding included, and keeps only the
+        completion's. On a turn-layout row the prompt is most of the row, so on CPU the head's projection,
+        softmax and their backward dominate; here the model returns the ``logits_to_keep + 1`` needed logits
+        and the same quantities follow: log_softmax(logits / temperature) at each token, its entropy, 0 at
+        unattended positions. GPUs, router losses and multimodal inputs keep TRL's path."""
+        if (
+            input_ids.device.type != "cpu"
+            or compute_aux_loss
+            or self.args.cast_lm_head_to_fp32
+            or any(value is not None for value in multimodal.values())
+        ):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )
+        step = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), step):
+            ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
+            with self.accelerator.autocast():
+                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
+            log_probs = (logits[:, :-1].float() / self.temperature).log_softmax(-1)
+            unattended = mask[:, -logits_to_keep:] == 0
+            logps.append(log_probs.gather(-1, ids[:, -logits_to_keep:, None]).squeeze(-1).masked_fill(unattended, 0.0))
+            if compute_entropy:
+                entropies.append((-(log_probs.exp() * log_probs).sum(-1)).masked_fill(unattended, 0.0))
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
     @property
     def rescore_batch_size(self) -> int:
         return self.args.rescore_batch_size or self.args.per_device_train_batch_size
@@ -229,6 +278,85 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _any_process_live(self, local_live: bool) -> bool:
         flag = torch.tensor([1.0 if local_live else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(flag).sum().item() > 0)
+
+    # ---- micro-batches -----------------------------------------------------------------------------------
+
+    @property
+    def _loss_is_row_sum(self) -> bool:
+        """Whether TRL's loss over the micro-batches of one optimizer step is a sum of per-row terms over a
+        normaliser fixed for the whole generation batch, so rows may move between those micro-batches and a row
+        whose terms are all 0 may be left out. True for the dapo / cispo / vespo losses (``num_items_in_batch``)
+        unless a per-micro-batch quantity enters: the entropy bonus (a micro-batch mean), the top-entropy token
+        mask (a quantile over the micro-batch) or a mixture-of-experts router loss. The grpo / bnpo / dr_grpo /
+        luspo / sapo losses average over each micro-batch's own rows or tokens."""
+        return (
+            self.loss_type in ("dapo", "cispo", "vespo")
+            and not self._entropy_bonus_enabled
+            and self.top_entropy_quantile >= 1.0
+            and not self.aux_loss_enabled
+        )
+
+    @property
+    def _zero_advantage_rows_skippable(self) -> bool:
+        """Whether a row whose advantages are all 0 has a zero gradient: its policy term is A times a ratio and
+        A = 0; with ``beta = 0`` no KL term remains. The distillation baselines put their distillation term into
+        the advantages (``credit.distillation.gradient_equivalent_advantages``), so it is covered by the same
+        test; no trainer here adds a loss term of its own."""
+        return self._loss_is_row_sum and self.beta == 0.0
+
+    def _exchange_window(self) -> int:
+        """How many consecutive micro-batches of one generation are summed into the same optimizer step."""
+        accumulation, per_generation = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        if accumulation % per_generation == 0:
+            return per_generation
+        if per_generation % accumulation == 0:
+            return accumulation
+        return 1  # windows straddle generations: rows stay in their own micro-batch
+
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+        """TRL's micro-batch; in training, TRL's micro-batches of each new generation batch are repacked once."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        fresh = self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None
+        inputs = super()._prepare_inputs(generation_batch)
+        if not fresh:
+            return inputs
+        self._buffered_inputs = self._repacked(self._buffered_inputs)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _repacked(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``micro_batches`` repacked window by window (``packing.repack``). Rows without any token in the loss
+        mask (layout padding) and, when exact, rows whose advantages are all 0 are left out. When the loss is not
+        a row sum, every row stays in its micro-batch and only padding columns go."""
+        row_sum = self._loss_is_row_sum
+        window = self._exchange_window() if row_sum else 1
+        windows, keeps = [], []
+        skipped = real = 0
+        for start in range(0, len(micro_batches), window):
+            part = micro_batches[start : start + window]
+            merged = merge(part)
+            in_loss = merged["completion_mask"] * merged["tool_mask"] > 0
+            is_real = in_loss.any(1)
+            if not row_sum:
+                keep = torch.ones_like(is_real)
+            elif self._zero_advantage_rows_skippable:
+                keep = (in_loss & (merged["advantages"] != 0)).any(1)
+            else:
+                keep = is_real
+            skipped += int((is_real & ~keep).sum())
+            real += int(is_real.sum())
+            windows.append(part)
+            keeps.append(keep)
+        # Each window's micro-batch sizes follow the process with the most kept rows in it.
+        local = torch.tensor([[skipped, real] + [int(k.sum()) for k in keeps]], device=self.accelerator.device)
+        everywhere = self.accelerator.gather(local)
+        counts, most_kept = everywhere[:, :2].sum(0), everywhere[:, 2:].max(0).values.tolist()
+        out: list[dict[str, Any]] = []
+        for part, keep, rows in zip(windows, keeps, most_kept, strict=True):
+            out += repack(part, keep, micro_batch_sizes(rows, len(part)))
+        self._metrics["train"]["rows/skipped"].append(float(counts[0]))
+        self._metrics["train"]["rows/skipped_fraction"].append(float(counts[0]) / max(float(counts[1]), 1.0))
+        return out
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
