@@ -187,12 +187,11 @@ def build_trainer(
 
 
 def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: Any, callbacks: list | None) -> Any:
-    """TRL's ``SFTTrainer`` on the expert demonstrations of ``rows`` (``method: sft``)."""
+    """TRL's ``SFTTrainer`` (``AgentSFTTrainer``) on the expert demonstrations of ``rows`` (``method: sft``)."""
     from transformers import AutoTokenizer
-    from trl import SFTTrainer
 
     from .models import prepare_tokenizer
-    from .trainers.sft import demonstration_sft_dataset
+    from .trainers.sft import AgentSFTTrainer, demonstration_sft_dataset
 
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_path))
     tokenizer.padding_side = "right"  # training pads on the right
@@ -202,7 +201,7 @@ def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: An
         f"model={model_path}",
         flush=True,
     )
-    return SFTTrainer(
+    return AgentSFTTrainer(
         model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks,
     )

@@ -71,8 +71,8 @@ WARM_STARTS: dict[str, WarmStart] = {
         games_seed=0,
         layout="turn",
         history_window=1,
-        num_train_epochs=2,
-        learning_rate=1e-4,
+        num_train_epochs=3,
+        learning_rate=2e-4,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
@@ -159,11 +159,10 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
     import torch
     from datasets import Dataset  # noqa: F401  (datasets backs the SFT dataset; fail here if it is missing)
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
 
     from .envs.alfworld import generate_games, task_spec_rows
     from .models import prepare_tokenizer, resolve_model_path
-    from .trainers.sft import AgentSFTConfig, demonstration_sft_dataset
+    from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
 
     base = resolve_model_path(spec.base_model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base))
@@ -192,7 +191,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
     )
     dataset = demonstration_sft_dataset(task_spec_rows(files), tokenizer, config)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
     tokenizer.padding_side = "left"
     trainer.model.save_pretrained(out_dir)

@@ -7,15 +7,20 @@ and the basic moves, so that RL starts from groups with both successes and failu
 
     config = AgentSFTConfig(output_dir="out", environment="alfworld", layout="turn", history_window=1)
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
-    SFTTrainer(model=..., args=config, train_dataset=dataset, processing_class=tokenizer).train()
+    AgentSFTTrainer(model=..., args=config, train_dataset=dataset, processing_class=tokenizer).train()
+
+`AgentSFTTrainer` is TRL's `SFTTrainer` with one CPU speed-up (see its docstring); plain `SFTTrainer` trains the
+same model from the same dataset.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from trl import SFTConfig
+import trl.trainer.utils as trl_utils
+from trl import SFTConfig, SFTTrainer
 
 from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
 from ..rollout.loop import LAYOUTS, task_spec_from_row
@@ -71,3 +76,27 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
         seed=config.demonstration_seed,
     )
     return demonstration_dataset(trajectories, config.layout).select_columns(["prompt", "completion"])
+
+
+@contextmanager
+def _score_labelled_positions_only() -> Iterator[None]:
+    """TRL's fused LM head scores only the positions that have a label when Triton is available, and every
+    position elsewhere (to keep tile shapes fixed for compilers that recompile per shape). On a CPU nothing
+    recompiles, and a demonstration row's label positions are its ~40 response tokens out of ~350, so the
+    compact path gives the same loss and gradients for a quarter less compute (measured on the quickstart rows)."""
+    original = trl_utils._use_triton
+    trl_utils._use_triton = lambda device: original(device) or device.type == "cpu"
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
+class AgentSFTTrainer(SFTTrainer):
+    """`trl.SFTTrainer`, called exactly like it; on a CPU its fused LM head scores only the response tokens."""
+
+    _tag_names = ["trl", "sft", "taspo-trl", "agent", "warm-start"]
+
+    def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
+        with _score_labelled_positions_only():
+            return super().compute_loss(*args, **kwargs)
