@@ -20,6 +20,7 @@ def credit_quality():
     return module
 
 
+@pytest.mark.slow  # about 90 s on 2 cores; the labelling and AUC tests cover the pieces in the default run
 def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     out = tmp_path / "out"
     results = credit_quality.main([

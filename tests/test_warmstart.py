@@ -56,3 +56,33 @@ def test_a_failed_build_leaves_nothing_behind(tiny_warm_start, monkeypatch, tmp_
         resolve_model_path(NAME)
     models = warmstart.warm_start_dir(NAME).parent
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_agent_sft_trainer_gives_trls_loss_and_gradients(tiny_model_dir, embedded_tokenizer, tmp_path):
+    """On a CPU the warm start's trainer scores only the response positions; the loss and every gradient must be
+    those of TRL's own SFTTrainer on the same batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import SFTTrainer
+
+    from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+    from taspo_trl.trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
+
+    games = generate_games(tmp_path / "games", 1, 0, "train", task_types=["pick_and_place_simple"])
+    tokenizer = embedded_tokenizer.__class__.from_pretrained(tiny_model_dir)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    config = AgentSFTConfig(output_dir=str(tmp_path / "out"), history_window=1, per_device_train_batch_size=5,
+                            use_cpu=True, bf16=False, gradient_checkpointing=False, max_length=None, report_to="none")
+    dataset = demonstration_sft_dataset(task_spec_rows(games), tokenizer, config)
+    results = []
+    for trainer_class in (SFTTrainer, AgentSFTTrainer):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        trainer = trainer_class(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+        batch = next(iter(trainer.get_train_dataloader()))
+        loss = trainer.compute_loss(trainer.model, batch)
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]))
+    (trl_loss, trl_grads), (our_loss, our_grads) = results
+    assert our_loss == pytest.approx(trl_loss, abs=1e-6) and len(trl_grads) == len(our_grads) > 0
+    for theirs, ours in zip(trl_grads, our_grads):
+        torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
