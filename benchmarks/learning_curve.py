@@ -92,11 +92,12 @@ SETTINGS: dict[str, Setting] = {
         isolate=False,
     ),
     # The quickstart recipes unchanged but for the step count: a step (8 trajectories x 8 turns) takes 1-3 min
-    # on 2 cores, an evaluation of 6 games x 8 turns 1-2 min, so 2 x (8 steps + 5 evaluations) fits an hour.
+    # on 2 cores, an evaluation of 6 games x 8 turns 1-2 min, so 2 x (6 steps + 4 evaluations) stays within an
+    # hour even at the slow end of both.
     "cpu": Setting(
         methods=("grpo", "taspo"),
         seeds=(0,),
-        steps=8,
+        steps=6,
         eval_every=2,
         eval_games_per_family=1,
         eval_families=(),
