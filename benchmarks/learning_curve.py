@@ -14,8 +14,9 @@ at most an hour on a 2-core machine; run it in the background) and ``gpu`` (thre
 bigger batches, vLLM rollouts; one process, one GPU).
 
 Outputs, in ``--out``: ``runs/<method>_seed<seed>.json`` per run, and ``learning_curve.json`` and
-``learning_curve.png`` over all runs (success against step, per method, one thin line per seed and a thick
-mean). All three are rewritten after every evaluation, so a run that is stopped leaves its partial curves.
+``learning_curve.png`` over all runs (success, and the valid-action rate, against step, per method, one thin
+line per seed and a thick mean). All three are rewritten after every evaluation, so a run that is stopped
+leaves its partial curves.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ WARM_START = "embedded:smollm2-135m-alfworld"  # taspo_trl.warmstart: the embedd
 # Evaluation samples at the training temperature with this seed, reset before every evaluation, so every
 # method and seed is measured on the same games with the same random stream.
 EVAL_SEED = 0
+# The figure's panels: success, and the valid-action rate, which moves before success does.
+PANELS = {"success": "success", "valid_action_rate": "valid-action rate"}
 
 
 @dataclass(frozen=True)
@@ -186,10 +189,14 @@ def _write_json(path: Path, value: Any) -> None:
 
 
 def _mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Mean success over seeds at the steps every seed has reached (a stopped run leaves shorter curves)."""
-    by_step = [{point["step"]: point["success"] for point in curve} for curve in curves]
+    """Mean of each plotted metric over seeds at the steps every seed has reached (a stopped run leaves shorter
+    curves)."""
+    by_step = [{point["step"]: point for point in curve} for curve in curves]
     shared = set.intersection(*(set(steps) for steps in by_step))
-    return [{"step": step, "success": sum(s[step] for s in by_step) / len(by_step)} for step in sorted(shared)]
+    return [
+        {"step": step, **{metric: sum(s[step][metric] for s in by_step) / len(by_step) for metric in PANELS}}
+        for step in sorted(shared)
+    ]
 
 
 def write_report(out: Path, header: dict[str, Any], methods: tuple[str, ...]) -> dict[str, Any]:
@@ -215,25 +222,27 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    figure = Figure(figsize=(6.0, 4.0), dpi=100)
+    figure = Figure(figsize=(11.0, 4.0), dpi=100)
     FigureCanvasAgg(figure)
-    ax = figure.subplots()
-    for k, (method, curves) in enumerate(report["methods"].items()):
-        color = f"C{k}"
-        for points in curves["seeds"].values():
-            ax.plot([p["step"] for p in points], [p["success"] for p in points], color=color, alpha=0.35,
-                    linewidth=1)
-        mean = curves["mean"]
-        ax.plot([p["step"] for p in mean], [p["success"] for p in mean], color=color, linewidth=2.5, marker="o",
-                label=f"{method} (mean of {len(curves['seeds'])} seed{'s' * (len(curves['seeds']) > 1)})")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(f"success on {report['eval_games']} eval_unseen games")
-    ax.set_ylim(-0.05, 1.05)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"ALFWorld learning curves ({report['setting']} setting)")
-    ax.grid(alpha=0.3)
-    if report["methods"]:
-        ax.legend(fontsize="small")
+    for ax, (metric, title) in zip(figure.subplots(1, len(PANELS)), PANELS.items()):
+        for k, (method, curves) in enumerate(report["methods"].items()):
+            color = f"C{k}"
+            for points in curves["seeds"].values():
+                ax.plot([p["step"] for p in points], [p[metric] for p in points], color=color, alpha=0.35,
+                        linewidth=1)
+            mean = curves["mean"]
+            seeds = len(curves["seeds"])
+            ax.plot([p["step"] for p in mean], [p[metric] for p in mean], color=color, linewidth=2.5, marker="o",
+                    label=f"{method} (mean of {seeds} seed{'s' * (seeds > 1)})")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(title)
+        ax.set_ylim(-0.05, 1.05)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{title}, {report['eval_games']} eval_unseen ALFWorld games")
+        ax.grid(alpha=0.3)
+        if report["methods"]:
+            ax.legend(fontsize="small")
+    figure.suptitle(f"learning curves, {report['setting']} setting")
     figure.tight_layout()
     figure.savefig(path, format="png")
 

@@ -24,7 +24,9 @@ def test_smoke_setting_writes_curves_and_figure(tmp_path, tiny_model_dir, one_to
         for point in points:
             assert 0.0 <= point["success"] <= 1.0 and 0.0 <= point["valid_action_rate"] <= 1.0
             assert set(point["success_per_family"]) == {"pick_and_place_simple"}
-        assert curves["mean"] == [{"step": p["step"], "success": p["success"]} for p in points]
+        assert curves["mean"] == [
+            {"step": p["step"], "success": p["success"], "valid_action_rate": p["valid_action_rate"]} for p in points
+        ]
     # Same starting policy, same games, same evaluation seed: step 0 is one measurement, whatever the method.
     grpo, taspo = (report["methods"][m]["seeds"]["0"][0] for m in ("grpo", "taspo"))
     assert {k: v for k, v in grpo.items() if k != "eval_seconds"} == {k: v for k, v in taspo.items() if k != "eval_seconds"}
