@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from taspo_trl.envs import get_env_factory
-from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows
 from taspo_trl.models import load_model_and_tokenizer
 
@@ -73,7 +73,7 @@ def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[di
 
 def render(results: list[dict[str, Any]]) -> str:
     families = sorted({f for r in results for f in r["eval_unseen_greedy"]["success_per_family"]})
-    short = [f.split("_")[0] if not f.startswith("pick_") else f.split("_")[1] for f in families]
+    short = [TASK_SHORT_NAMES.get(f, f) for f in families]
     lines = [
         "Greedy, eval_unseen:",
         "",
