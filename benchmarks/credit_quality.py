@@ -46,11 +46,11 @@ from taspo_trl.credit.quality import action_weights, mann_whitney_auc
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.alfworld.env import read_game_file
 from taspo_trl.envs.alfworld.progress import goal_distances, made_progress
-from taspo_trl.models import resolve_model_path
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
+from taspo_trl.warmstart import resolve_policy_path
 
 DEFAULT_MODEL = "embedded:smollm2-135m-alfworld"
 SIBLINGS = ("sampled", "scripted", "mixed")
@@ -259,9 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]  # GRPO's trainer plays the batch
 
-    model = resolve_model_path(args.model)
-    if args.model.startswith("embedded:") and not Path(model).is_dir():
-        parser.error(f"{args.model} is not available here yet; try --model embedded (the base model)")
+    model = resolve_policy_path(args.model)  # builds the warm start on first use
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}

@@ -38,7 +38,7 @@ from taspo_trl.cli import build_trainer
 from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_TYPES, find_game_files, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows, summarize
-from taspo_trl.models import resolve_model_path
+from taspo_trl.warmstart import resolve_policy_path
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_START = "embedded:smollm2-135m-alfworld"  # taspo_trl.warmstart: the embedded model after SFT on walkthroughs
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         **({"eval_every": args.eval_every} if args.eval_every else {}),
     )
     out = Path(args.out or f"outputs/learning_curve/{args.setting}").resolve()
-    model = resolve_model_path(args.model)
+    model = resolve_policy_path(args.model)
     eval_rows = eval_game_rows(setting, out)
     header = {
         "setting": args.setting,

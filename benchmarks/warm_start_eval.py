@@ -26,6 +26,7 @@ from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows
 from taspo_trl.models import load_model_and_tokenizer
+from taspo_trl.warmstart import resolve_policy_path
 
 
 def act_stats(trajectories: list[Any]) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
 
 
 def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:
-    model, tokenizer = load_model_and_tokenizer(model_name)
+    model, tokenizer = load_model_and_tokenizer(resolve_policy_path(model_name))
     env_factory = get_env_factory("alfworld")
     started = time.perf_counter()
     greedy = EvalArguments(history_window=1, max_turns=args.eval_turns, max_completion_length=args.max_completion_length,

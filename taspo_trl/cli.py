@@ -156,7 +156,7 @@ def build_trainer(
     from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from .models import resolve_model_path
+    from .warmstart import resolve_policy_path
     from .trainers import BASELINES, TRAINERS
 
     method = _method_from_argv(argv)
@@ -170,7 +170,7 @@ def build_trainer(
     name = model_override or model_args.model_name_or_path
     if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
-    model_path = resolve_model_path(name)
+    model_path = resolve_policy_path(name)
     rows = build_task_rows(config.environment, script_args, config.max_turns)
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)

@@ -169,6 +169,7 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
 
     from .envs import get_env_factory
     from .models import load_model_and_tokenizer
+    from .warmstart import resolve_policy_path
     from .reporting import render_results_table, render_steps_table
 
     splits = args.splits or DEFAULT_SPLITS.get(args.environment)
@@ -176,7 +177,7 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
         raise SystemExit(f"taspo-eval: name the splits to evaluate for environment {args.environment!r} (--splits).")
     env_factory = get_env_factory(args.environment)
     split_rows = {split: _split_rows(split, args, script_args) for split in splits}  # bad task input fails early
-    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, dtype=getattr(torch, args.dtype), device=args.device)
+    model, tokenizer = load_model_and_tokenizer(resolve_policy_path(args.model_name_or_path), dtype=getattr(torch, args.dtype), device=args.device)
     label = args.label or Path(args.model_name_or_path).name
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

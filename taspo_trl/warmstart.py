@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .models import EMBEDDED_MODEL, cache_root
+from .models import EMBEDDED_MODEL, cache_root, resolve_model_path
 
 _FINGERPRINT_FILE = "warm_start.json"
 # Modules whose code decides the demonstrations (games, expert, prompts) and so the trained weights.
@@ -104,6 +104,12 @@ def fingerprint(spec: WarmStart) -> dict[str, object]:
     return json.loads(json.dumps({"settings": asdict(spec), "build_version": _BUILD_VERSION, "code_sha256": code.hexdigest(), "versions": versions}))
 
 
+def resolve_policy_path(name_or_path: str) -> str:
+    """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (built first
+    when missing or out of date). The CLI, ``taspo-eval`` and the benchmarks resolve policy names through it."""
+    return resolve_warm_start(name_or_path) if is_warm_start(name_or_path) else resolve_model_path(name_or_path)
+
+
 def resolve_warm_start(name: str) -> str:
     """The model directory of warm start ``name``, built first if it is missing or out of date."""
     spec = WARM_STARTS[name.strip().lower()]
@@ -161,7 +167,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .envs.alfworld import generate_games, task_spec_rows
-    from .models import prepare_tokenizer, resolve_model_path
+    from .models import prepare_tokenizer
     from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
 
     base = resolve_model_path(spec.base_model)

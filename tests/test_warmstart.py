@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from taspo_trl import warmstart
-from taspo_trl.models import resolve_model_path
+from taspo_trl.warmstart import resolve_policy_path as resolve_model_path
 
 NAME = "embedded:tiny-pick-and-place"
 
