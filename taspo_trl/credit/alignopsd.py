@@ -112,7 +112,7 @@ __all__ = [
 
 WEIGHT_DTYPE = torch.float64
 
-# Defaults whose values are illegible in the paper (DESIGN.md: top-k 2, threshold 0.7, temperature 1.0).
+# Defaults whose values are illegible in the paper (reconstructed: top-k 2, threshold 0.7, temperature 1.0).
 DEFAULT_SIMILARITY_THRESHOLD = 0.7
 DEFAULT_TOP_K = 2
 DEFAULT_ACTION_THRESHOLD = 0.8  # stated in the paper's prose
@@ -301,7 +301,7 @@ def source_weights(
 
 
 def match_quality(similarities: TensorLike, weights: TensorLike, top_k: int = DEFAULT_TOP_K) -> float:
-    """lambda = clip(sum_j W_j s_j, 0, 1) * k_kept / k: weighted mean similarity times coverage (DESIGN.md).
+    """lambda = clip(sum_j W_j s_j, 0, 1) * k_kept / k: weighted mean similarity times coverage (reconstructed; README, "AlignOPSD").
 
     0.0 exactly when no source is kept (identity rectification).
     """
@@ -572,7 +572,7 @@ def correspondence_shifts(distributions: Union[torch.Tensor, Sequence[TensorLike
 
 
 def adaptive_threshold(shift_lists: Sequence[TensorLike], num_std: float = 1.0) -> float:
-    """Batch-adaptive boundary threshold: mean + num_std * std of all D_t in the batch (DESIGN.md).
+    """Batch-adaptive boundary threshold: mean + num_std * std of all D_t in the batch (reconstructed; README, "AlignOPSD").
 
     ``shift_lists`` holds one ``correspondence_shifts`` result per trajectory of the batch; the statistics pool
     every finite D_t (population std). No shift at all -> +inf (no boundary anywhere).

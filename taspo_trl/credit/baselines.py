@@ -1,7 +1,7 @@
-"""Advantage shaping of the comparison methods (issue 7): RLSD, OPID, GiGPO and StepOPSD.
+"""Advantage shaping of the comparison methods: RLSD, OPID, GiGPO and StepOPSD.
 
 Every method starts from GRPO's outcome advantage A (``taspo_trl.credit.grpo``) and reshapes it per token or per
-step; see BASELINES.md (the shared notes) for what each method is. One small pure function per equation, verl
+step; the README's "Comparison methods" section says what each method is. One small pure function per equation, verl
 ``core_algos.py`` style. Conventions shared by the token-level transforms:
 
     * inputs are [rows, T] tensors over the response tokens of per-turn rows (TRL's ``completion_mask`` layout);
@@ -144,7 +144,7 @@ def opid_advantages(
 
     Delta_episode_t is the gap of token t when the OLD policy rescores the same response with the trajectory's
     episode skill inserted, Delta_step_t the gap with the skill of the step the token belongs to. Both are used per
-    token, as BASELINES.md states; the gaps are not summed or averaged over a turn. Unlike RLSD this is additive,
+    token, as its specification states; the gaps are not summed or averaged over a turn. Unlike RLSD this is additive,
     so a large gap can flip the sign of a small A (the paper's 0.001 weights keep that rare).
 
     Args:
@@ -301,7 +301,7 @@ def stepopsd_advantages(
 ) -> torch.Tensor:
     """StepOPSD token advantages for ONE trajectory. APPROXIMATION: the paper's exact formula is not public.
 
-    What BASELINES.md states is reproduced: each step segment is rescored under a hindsight teacher, and the token
+    What the method's specification states is reproduced: each step segment is rescored under a hindsight teacher, and the token
     gaps become sign-preserving advantage shaping under a per-step credit budget. This package's construction
     (reusing AlignOPSD's allocation, ``taspo_trl.credit.alignopsd``, with the whole trajectory as one span):
 

@@ -1,6 +1,6 @@
-"""Distillation loss terms of the comparison methods (issue 7): OPSD, GRPO+OPSD, SDAR, Skill-SD and OPD.
+"""Distillation loss terms of the comparison methods: OPSD, GRPO+OPSD, SDAR, Skill-SD and OPD.
 
-See BASELINES.md (the shared notes) for what each method is. One small pure function per loss, verl ``core_algos.py``
+The README's "Comparison methods" section says what each method is. One small pure function per loss, verl ``core_algos.py``
 style.
 
 Convention (the same for every term): inputs are [rows, T] over the response tokens of per-turn rows; the student
@@ -136,7 +136,7 @@ def generalized_jsd(
 def combine_losses(
     policy_loss: torch.Tensor, distill_loss: torch.Tensor, coef: float, convex: bool = False
 ) -> torch.Tensor:
-    """GRPO+OPSD, ungated: L_GRPO + coef L_OPSD (BASELINES.md), or with ``convex`` TRL ``sdpo``'s blend.
+    """GRPO+OPSD, ungated: L_GRPO + coef L_OPSD (the method's specification), or with ``convex`` TRL ``sdpo``'s blend.
 
     ``convex=True`` gives (1 - coef) L_GRPO + coef L_OPSD with coef in [0, 1] (``SDPOConfig.distillation_weight``:
     1 = pure OPSD, 0 = pure GRPO). Works on per-token tensors or aggregated scalars alike. Pass the OPSD term with
@@ -167,7 +167,7 @@ def sdar_loss(
 ) -> torch.Tensor:
     """SDAR's gated distillation term, per token: coef * sigma(beta sg(Delta_t)) * k1_t (Lu et al., 2605.15155).
 
-    BASELINES.md writes the term as lam mean(sigma(beta sg(Delta)) (log pi_T - log pi_theta)), the gated
+    SDAR's specification writes the term as lam mean(sigma(beta sg(Delta)) (log pi_T - log pi_theta)), the gated
     NEGATIVE reverse-KL estimate, i.e. an objective to maximise, added to L_GRPO. As a loss to minimise its sign is
     flipped here: coef * g_t * (log pi_theta - sg(log pi_T)), with the reverse-KL gradient of
     ``sampled_reverse_kl`` (SDAR's ablation finds the reverse KL best). Gradient w.r.t. ``student_logp``:
@@ -212,7 +212,7 @@ def skill_sd_loss(
     """Skill-SD's importance-weighted reverse KL, per token: coef * rho_t * k1_t (Wang et al., 2604.10674).
 
     rho_t = ``importance_weights(student_logp, old_logp, is_clip)`` (TRL's clipped-IS choice, default clip 2.0;
-    the paper's exact clip is not stated in BASELINES.md). Teacher = the policy conditioned on skills summarised
+    the paper's exact clip is not stated in its specification). Teacher = the policy conditioned on skills summarised
     from the agent's own trajectories, periodically synced (the caller's job). Gradient w.r.t. ``student_logp``:
     coef * rho_t * sg(log pi_theta - log pi_T).
 

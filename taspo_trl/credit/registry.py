@@ -1,8 +1,8 @@
-"""Name -> function registries of the comparison methods' advantage transforms and loss terms (issue 7).
+"""Name -> function registries of the comparison methods' advantage transforms and loss terms.
 
 The trainer resolves a config string (e.g. ``credit_method="rlsd"``, ``distill_loss="sdar"``) with
 ``get_advantage_transform`` / ``get_loss_term``; an unknown name fails early with the list of known names instead
-of deep inside a training step. Names are lower-case method names as in BASELINES.md ("grpo+opsd" is
+of deep inside a training step. Names are lower-case method names as in the README's "Comparison methods" ("grpo+opsd" is
 ``combine_losses``; OPSD and OPD share the sampled-token reverse-KL estimator and differ only in the teacher).
 """
 

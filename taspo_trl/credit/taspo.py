@@ -17,7 +17,7 @@ Weights are float64: the guarantees (bounds, trajectory mean exactly one) are ch
 trainer casts them to the advantage dtype when it multiplies. Scores are inputs only, so the precision of the
 log-prob shifts (usually float32) does not matter here.
 
-Paper disagreement (see DESIGN.md): Table C.3 lists a token-shift threshold kappa = 0.05, while App. A.3 (the
+Paper disagreement: Table C.3 lists a token-shift threshold kappa = 0.05, while App. A.3 (the
 implementation appendix) says "We apply no small-magnitude filter". ``kappa`` is exposed on the scoring
 functions and defaults to ``None`` (off), following A.3. When set, shifts with |Delta| < kappa count as 0 but
 still count in the action length |M_it| (the average stays over the complete action).

@@ -1,4 +1,4 @@
-"""Decision states and cross-rollout correspondence for AlignOPSD (DESIGN.md, "AlignOPSD, reconstructed").
+"""Decision states and cross-rollout correspondence for AlignOPSD (the README's "AlignOPSD" section).
 
 A turn's decision state is the encoder embedding of its ``<think>`` text; the candidate sources of a target
 turn are the turns of the OTHER rollouts of the same task. This module turns a task group's trajectories into

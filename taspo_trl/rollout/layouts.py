@@ -1,4 +1,4 @@
-"""Training rows from trajectories, in the two layouts (DESIGN.md, data flow step 3).
+"""Training rows from trajectories, in the two layouts (step 4 of a training step, see ``trainers/grpo.py``).
 
 - ``sequence``: one row per trajectory. The completion is every response with the observation tokens that
   followed it, which are masked out (``env_mask`` 0). Exactly the tokens the policy was conditioned on.
