@@ -163,7 +163,6 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
     """SFT of ``spec.base_model`` on the expert's demonstrations; saves model and tokenizer to ``out_dir`` and
     returns the number of demonstration turns."""
     import torch
-    from datasets import Dataset  # noqa: F401  (datasets backs the SFT dataset; fail here if it is missing)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .envs.alfworld import generate_games, task_spec_rows
