@@ -145,9 +145,11 @@ def sft_quickstart(env: str) -> str:
     if env == "alfworld":
         spec = WARM_STARTS[ALFWORLD_WARM_START]
         tasks = [
-            "# Tasks: the planner walkthroughs of generated train games (index 0 of each family is the quickstart's).",
+            "# Tasks: the quickstart's generated train games, several expert episodes each.",
             "environment: alfworld", "games_dir: outputs/alfworld_games/sft", f"games_per_type: {spec.games_per_type}",
             f"games_seed: {spec.games_seed}", "games_split: train",
+            f"demonstrations_per_task: {spec.demonstrations_per_task}",
+            f"demonstration_mistake_rate: {spec.mistake_rate}",
         ]
         prompt = [f"layout: {spec.layout}", f"history_window: {spec.history_window}"]
         optimisation = [

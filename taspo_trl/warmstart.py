@@ -61,21 +61,27 @@ class WarmStart:
     seed: int
     task_types: tuple[str, ...] | None = None
     """ALFWorld families to generate games for (``None``: all six)."""
+    demonstrations_per_task: int = 1
+    """Expert episodes per game (``AgentSFTConfig.demonstrations_per_task``)."""
+    mistake_rate: float = 0.0
+    """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
 
 
 WARM_STARTS: dict[str, WarmStart] = {
     "embedded:smollm2-135m-alfworld": WarmStart(
         environment="alfworld",
         base_model=EMBEDDED_MODEL,
-        games_per_type=2,
+        games_per_type=1,
         games_seed=0,
         layout="turn",
         history_window=1,
-        num_train_epochs=3,
+        num_train_epochs=2,
         learning_rate=2e-4,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
+        demonstrations_per_task=3,
+        mistake_rate=0.15,
     ),
 }
 
@@ -188,6 +194,8 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         max_length=None,
         gradient_checkpointing=False,  # TRL turns it on; a 135M model fits without, and it costs a third more compute
         seed=spec.seed,
+        demonstrations_per_task=spec.demonstrations_per_task,
+        demonstration_mistake_rate=spec.mistake_rate,
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         logging_steps=5,

@@ -44,11 +44,13 @@ def _actions(trajectory, multi_tag: bool) -> list[str]:
 
 @pytest.mark.parametrize("layout,window", [("turn", 1), ("turn", 3), ("sequence", 3)])
 def test_alfworld_demonstrations_win_and_match_the_loop_prompts(alfworld_specs, embedded_tokenizer, layout, window):
-    trajectories = expert_demonstrations(
+    demonstrations = expert_demonstrations(
         alfworld_specs, embedded_tokenizer, environment="alfworld", layout=layout, history_window=window
     )
-    assert len(trajectories) == len(alfworld_specs) == 6  # the planner's walkthrough wins every generated game
-    dataset = demonstration_dataset(trajectories, layout)
+    assert len(demonstrations) == len(alfworld_specs) == 6  # the expert wins every generated game
+    assert all(not d.mistakes for d in demonstrations)  # none injected unless asked for
+    trajectories = [d.trajectory for d in demonstrations]
+    dataset = demonstration_dataset(demonstrations, layout)
     assert len(dataset) == sum(len(t.turns) for t in trajectories)
     row = 0
     for spec, trajectory in zip(alfworld_specs, trajectories, strict=True):
@@ -69,7 +71,8 @@ def test_alfworld_demonstrations_win_and_match_the_loop_prompts(alfworld_specs, 
 
 
 def test_alfworld_thoughts_explain_rather_than_repeat(alfworld_specs, embedded_tokenizer):
-    trajectories = expert_demonstrations(alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1)
+    demonstrations = expert_demonstrations(alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1)
+    trajectories = [d.trajectory for d in demonstrations]
     thoughts = []
     for trajectory in trajectories:
         task_words = set(re.findall(r"[a-z]+", trajectory.task.lower())) - {"a", "some", "it", "in", "on", "put", "and", "the", "with", "then"}
@@ -90,11 +93,11 @@ def test_alfworld_thoughts_explain_rather_than_repeat(alfworld_specs, embedded_t
 def test_thought_wording_follows_the_seed(alfworld_specs, embedded_tokenizer):
     spec = alfworld_specs[0]
     env_factory, expert = get_env_factory("alfworld"), get_expert_factory("alfworld")
-    first, won = play_expert(spec, env_factory, expert, random.Random(0))
-    again, _ = play_expert(spec, env_factory, expert, random.Random(0))
-    assert won and first == again
-    others = {tuple(play_expert(spec, env_factory, expert, random.Random(s))[0]) for s in range(1, 6)}
-    assert len(others | {tuple(first)}) > 1
+    first = play_expert(spec, env_factory, expert, random.Random(0))
+    again = play_expert(spec, env_factory, expert, random.Random(0))
+    assert first.won and first == again
+    others = {tuple(play_expert(spec, env_factory, expert, random.Random(s)).responses) for s in range(1, 6)}
+    assert len(others | {tuple(first.responses)}) > 1
 
 
 def test_webshop_and_search_demonstrations_win(embedded_tokenizer):
@@ -103,10 +106,10 @@ def test_webshop_and_search_demonstrations_win(embedded_tokenizer):
         ("search", search_task_rows(split="train", max_tasks=6)),
     ):
         specs = [task_spec_from_row(row) for row in rows]
-        trajectories = expert_demonstrations(specs, embedded_tokenizer, environment=environment, history_window=1)
-        assert trajectories, environment
+        demonstrations = expert_demonstrations(specs, embedded_tokenizer, environment=environment, history_window=1)
+        assert demonstrations, environment
         by_task = {spec["task"]: spec for spec in specs}
-        for trajectory in trajectories:
+        for trajectory, _ in demonstrations:
             assert trajectory.won
             spec = by_task[trajectory.task]
             assert _replay_wins(environment, spec, _actions(trajectory, multi_tag=environment == "search"))
@@ -117,10 +120,61 @@ def test_a_task_the_expert_cannot_finish_is_left_out(alfworld_specs, embedded_to
     with pytest.raises(ValueError, match="won none"):
         expert_demonstrations(short, embedded_tokenizer, environment="alfworld")
     kept = expert_demonstrations([short[0], alfworld_specs[1]], embedded_tokenizer, environment="alfworld")
-    assert [t.task for t in kept] == [alfworld_specs[1]["task"]]
+    assert [d.trajectory.task for d in kept] == [alfworld_specs[1]["task"]]
     assert "did not win" in caplog.text
 
 
 def test_an_environment_without_an_expert_is_named():
     with pytest.raises(ValueError, match="register_expert"):
         get_expert_factory("no-such-env")
+
+
+def test_alfworld_expert_searches_before_it_finds(alfworld_specs):
+    """Over many seeds the expert visits receptacles that do not hold the object, says so, moves on, and still
+    wins; with no detour drawn it plays the planner's walkthrough command for command."""
+    env_factory, expert = get_env_factory("alfworld"), get_expert_factory("alfworld")
+    spec = next(s for s in alfworld_specs if s["task_type"] == "pick_clean_then_place_in_recep")
+    env = env_factory(dict(spec))
+    env.reset()
+    walkthrough = list(env.walkthrough)
+    env.close()
+    lengths, saw_miss = set(), False
+    for seed in range(8):
+        responses, won, _ = play_expert(spec, env_factory, expert, random.Random(seed))
+        assert won, (seed, responses)
+        actions = [_BLOCK.match(r)["action"] for r in responses]
+        lengths.add(len(actions))
+        if len(actions) == len(walkthrough):
+            assert actions == walkthrough
+        else:
+            # Every extra step is part of a search: going somewhere else first, or opening what is there.
+            assert len(actions) > len(walkthrough)
+            assert all(a.startswith(("go to ", "open ")) for a in actions[: len(actions) - len(walkthrough) + 1])
+            saw_miss |= any(re.search(r"\bno \w+ at the|here is no \w+ at the", _BLOCK.match(r)["thought"].lower()) for r in responses)
+    assert min(lengths) == len(walkthrough) and max(lengths) > len(walkthrough) and saw_miss
+
+
+def test_injected_mistakes_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):
+    """A mistake repeats the previous command, which the game mostly answers with "Nothing happens."; the episode
+    still wins, the mistake gets no dataset row, and the next row's prompt shows the failed repeat."""
+    demonstrations = expert_demonstrations(
+        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, mistake_rate=0.4, seed=1
+    )
+    assert len(demonstrations) == len(alfworld_specs)
+    dataset = demonstration_dataset(demonstrations, "turn")
+    assert len(dataset) == sum(len(d.trajectory.turns) - len(d.mistakes) for d in demonstrations)
+    assert sum(len(d.mistakes) for d in demonstrations) >= 6
+    completions = [row["completion"][0]["content"] for row in dataset]
+    prompts = [row["prompt"][0]["content"] for row in dataset]
+    for trajectory, mistakes in demonstrations:
+        assert trajectory.won and 0 not in mistakes
+        assert _replay_wins("alfworld", trajectory.task_spec, _actions(trajectory, multi_tag=False))
+        for t in mistakes:
+            mistake, before = trajectory.turns[t], trajectory.turns[t - 1]
+            assert t - 1 not in mistakes and mistake.action == before.action
+            # Most repeats do nothing; treating an object twice just treats it again.
+            assert mistake.observation.strip() == "Nothing happens." or mistake.action.startswith(("clean", "heat", "cool"))
+            after = trajectory.turns[t + 1]  # an episode never ends on a repeat: the expert has to win it
+            assert after.response_text in completions
+            assert after.prompt_text in prompts and mistake.observation in after.prompt_text
+            assert mistake.prompt_text not in prompts  # nor is the mistake's own turn a training example

@@ -11,6 +11,10 @@ Two passes per task:
 the ``turn`` layout the prompt is that turn's single user message; in the ``sequence`` layout it is the whole
 conversation so far (earlier responses included). ``SFTTrainer`` with ``completion_only_loss`` then trains on
 the responses alone.
+
+A policy that has only seen flawless episodes does not know what to do after its own mistake, and tends to
+repeat it. ``mistake_rate`` therefore lets the expert's episodes contain injected mistakes (a repeated command);
+the dataset keeps the expert's recoveries from them and drops the mistakes themselves.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..envs import EnvFactory, ExpertFactory, PromptTemplate, get_env_factory, get_expert_factory
 from .chat import ChatFormat
@@ -40,11 +44,25 @@ def expert_response(thought: str, action: str, action_tags: Sequence[str]) -> st
     return f"<think>{thought}</think> {block}"
 
 
+class ExpertEpisode(NamedTuple):
+    """What one expert episode left: its responses (one per turn), whether it won, and the turns that were
+    injected mistakes rather than the expert's own choice."""
+
+    responses: list[str]
+    won: bool
+    mistakes: frozenset[int]
+
+
 def play_expert(
     spec: Mapping[str, Any], env_factory: EnvFactory, expert_factory: ExpertFactory, rng: random.Random,
-    max_turns: int | None = None,
-) -> tuple[list[str], bool]:
-    """One expert episode of ``spec``: its responses (one per turn) and whether it won."""
+    max_turns: int | None = None, mistake_rate: float = 0.0,
+) -> ExpertEpisode:
+    """One expert episode of ``spec``.
+
+    With ``mistake_rate`` > 0, after any turn but the first the previous response is sent again with that
+    probability (never twice in a row) and the expert is not asked: the policy's commonest failure, repeating a
+    command the game answers with "Nothing happens.". The expert then recovers from the state the repeat left.
+    """
     env = env_factory(dict(spec))
     try:
         observation = env.reset()
@@ -52,16 +70,31 @@ def play_expert(
         tags = tuple(getattr(env, "action_tags", None) or (env.action_tag,))
         limit = min(env.max_turns, max_turns or env.max_turns)
         responses: list[str] = []
-        for _ in range(limit):
-            thought, action = expert(observation, env.admissible_commands, rng)
-            responses.append(expert_response(thought, action, tags))
-            result = env.step(action)
+        actions: list[str] = []
+        mistakes: set[int] = set()
+        for turn in range(limit):
+            if turn > 0 and turn - 1 not in mistakes and mistake_rate > 0 and rng.random() < mistake_rate:
+                mistakes.add(turn)
+                responses.append(responses[-1])
+                actions.append(actions[-1])
+            else:
+                thought, action = expert(observation, env.admissible_commands, rng)
+                responses.append(expert_response(thought, action, tags))
+                actions.append(action)
+            result = env.step(actions[-1])
             observation = result.observation
             if result.done:
-                return responses, bool(result.info.get("won", False))
-        return responses, False
+                return ExpertEpisode(responses, bool(result.info.get("won", False)), frozenset(mistakes))
+        return ExpertEpisode(responses, False, frozenset(mistakes))
     finally:
         env.close()
+
+
+class Demonstration(NamedTuple):
+    """A replayed expert episode and the turns of it that were injected mistakes."""
+
+    trajectory: Trajectory
+    mistakes: frozenset[int]
 
 
 class _ReplayGenerator:
@@ -95,9 +128,11 @@ def expert_demonstrations(
     max_turns: int | None = None,
     max_prompt_tokens: int | None = None,
     seed: int = 0,
-) -> list[Trajectory]:
+    mistake_rate: float = 0.0,
+) -> list[Demonstration]:
     """Winning expert trajectories of ``specs``, recorded by the real agent loop (prompt and response ids and
-    texts per turn), in input order; tasks the expert does not win are left out with a warning.
+    texts per turn), in input order, each with its injected mistakes; tasks the expert does not win are left
+    out with a warning.
 
     Args:
         specs: task specs (``taspo_trl.task_spec_from_row`` of dataset rows).
@@ -105,7 +140,9 @@ def expert_demonstrations(
         environment: a registered environment name; gives ``env_factory`` and ``expert_factory`` defaults.
         layout, history_window, template, max_turns, max_prompt_tokens: as in the trainer's config, so the
             demonstrations show the policy the prompts it will get in training.
-        seed: picks the thoughts' wordings.
+        seed: picks the thoughts' wordings (and the expert's other random choices).
+        mistake_rate: per-turn probability of an injected repeat of the previous command (see ``play_expert``).
+            ``demonstration_dataset`` trains on the recoveries from those turns, never on the mistakes.
     """
     if env_factory is None or expert_factory is None:
         if environment is None:
@@ -113,15 +150,15 @@ def expert_demonstrations(
         env_factory = env_factory or get_env_factory(environment)
         expert_factory = expert_factory or get_expert_factory(environment)
     rng = random.Random(seed)
-    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns) for spec in specs]
-    kept = [i for i, (_, won) in enumerate(played) if won]
+    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate) for spec in specs]
+    kept = [i for i, episode in enumerate(played) if episode.won]
     for i in sorted(set(range(len(specs))) - set(kept)):
         logger.warning("the expert did not win task %d (%s) within the turn limit; no demonstration for it",
                        i, str(specs[i].get("task", ""))[:80])
     if not kept:
         raise ValueError(f"The expert won none of the {len(specs)} tasks; check the tasks and max_turns={max_turns}.")
     eos = [tokenizer.eos_token_id]
-    responses = [[tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in played[i][0]] for i in kept]
+    responses = [[tokenizer(text, add_special_tokens=False)["input_ids"] + eos for text in played[i].responses] for i in kept]
     pool = EnvPool(env_factory)
     try:
         trajectories = run_agent_loop(
@@ -137,32 +174,34 @@ def expert_demonstrations(
     finally:
         pool.shutdown()
     for trajectory, i in zip(trajectories, kept, strict=True):
-        if not trajectory.won or len(trajectory.turns) != len(played[i][0]):
+        if not trajectory.won or len(trajectory.turns) != len(played[i].responses):
             raise RuntimeError(
                 f"Replaying the expert's episode of task {i} through the agent loop did not win in the same "
-                f"{len(played[i][0])} turns (won={trajectory.won}, turns={len(trajectory.turns)}, "
+                f"{len(played[i].responses)} turns (won={trajectory.won}, turns={len(trajectory.turns)}, "
                 f"truncated={trajectory.truncated}); is max_prompt_tokens={max_prompt_tokens} too small?"
             )
-    return trajectories
+    return [Demonstration(t, played[i].mistakes) for t, i in zip(trajectories, kept, strict=True)]
 
 
-def demonstration_dataset(trajectories: Sequence[Trajectory], layout: str = "turn") -> Any:
-    """TRL's conversational prompt-completion ``datasets.Dataset``, one row per expert turn.
+def demonstration_dataset(demonstrations: Sequence[Demonstration], layout: str = "turn") -> Any:
+    """TRL's conversational prompt-completion ``datasets.Dataset``, one row per expert turn; injected mistakes
+    get no row (the policy must not learn them), but the turns after them do, with the mistake in their prompt.
 
     Columns: ``prompt`` and ``completion`` (lists of chat messages), plus ``task_type`` and ``turn`` for
-    inspection. ``layout`` must be the one the trajectories were recorded in.
+    inspection. ``layout`` must be the one the demonstrations were recorded in.
     """
     from datasets import Dataset
 
     rows = []
-    for trajectory in trajectories:
+    for trajectory, mistakes in demonstrations:
         conversation: list[dict[str, str]] = []
         for t, turn in enumerate(trajectory.turns):
             user = {"role": "user", "content": turn.prompt_text}
             prompt = [user] if layout == "turn" else [*conversation, user]
             reply = {"role": "assistant", "content": turn.response_text}
-            rows.append({
-                "prompt": prompt, "completion": [reply], "task_type": trajectory.task_type or "", "turn": t,
-            })
+            if t not in mistakes:
+                rows.append({
+                    "prompt": prompt, "completion": [reply], "task_type": trajectory.task_type or "", "turn": t,
+                })
             conversation = [*prompt, reply]
     return Dataset.from_list(rows)

@@ -46,7 +46,13 @@ class AgentSFTConfig(SFTConfig):
         max_prompt_tokens (`int` or `None`, defaults to `None`):
             Longest prompt, as `AgentGRPOConfig.max_prompt_tokens`; `None` = no cap.
         demonstration_seed (`int`, defaults to `0`):
-            Seed of the thoughts' wordings.
+            Seed of the expert's random choices (thought wordings, receptacles searched, injected mistakes).
+        demonstrations_per_task (`int`, defaults to `1`):
+            Expert episodes recorded per task row; they differ in the expert's random choices (for ALFWorld, the
+            receptacles it searches first and where mistakes are injected).
+        demonstration_mistake_rate (`float`, defaults to `0.0`):
+            Per-turn probability that an expert episode repeats its previous command instead (a no-op in
+            ALFWorld: "Nothing happens."); the model trains on the expert's recovery, not on the repeat.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -54,19 +60,27 @@ class AgentSFTConfig(SFTConfig):
     history_window: int = field(default=3, metadata={"help": "Recent steps shown in a turn-layout prompt."})
     max_turns: int | None = field(default=None, metadata={"help": "Turn cap per episode (None: environment's)."})
     max_prompt_tokens: int | None = field(default=None, metadata={"help": "Longest prompt (None: no cap)."})
-    demonstration_seed: int = field(default=0, metadata={"help": "Seed of the thoughts' wordings."})
+    demonstration_seed: int = field(default=0, metadata={"help": "Seed of the expert's random choices."})
+    demonstrations_per_task: int = field(default=1, metadata={"help": "Expert episodes recorded per task row."})
+    demonstration_mistake_rate: float = field(
+        default=0.0, metadata={"help": "Per-turn probability of an injected repeat the expert recovers from."}
+    )
     completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the responses only."})
 
     def __post_init__(self):
         super().__post_init__()
+        if self.demonstrations_per_task < 1:
+            raise ValueError(f"demonstrations_per_task must be at least 1, got {self.demonstrations_per_task}.")
+        if not 0.0 <= self.demonstration_mistake_rate < 1.0:
+            raise ValueError(f"demonstration_mistake_rate must be in [0, 1), got {self.demonstration_mistake_rate}.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
 
 
 def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, config: AgentSFTConfig) -> Any:
     """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``."""
-    trajectories = expert_demonstrations(
-        [task_spec_from_row(row) for row in rows],
+    demonstrations = expert_demonstrations(
+        [task_spec_from_row(row) for row in rows for _ in range(config.demonstrations_per_task)],
         tokenizer,
         environment=config.environment,
         layout=config.layout,
@@ -74,8 +88,9 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
         max_turns=config.max_turns,
         max_prompt_tokens=config.max_prompt_tokens,
         seed=config.demonstration_seed,
+        mistake_rate=config.demonstration_mistake_rate,
     )
-    return demonstration_dataset(trajectories, config.layout).select_columns(["prompt", "completion"])
+    return demonstration_dataset(demonstrations, config.layout).select_columns(["prompt", "completion"])
 
 
 @contextmanager

@@ -1,9 +1,21 @@
-"""The ALFWorld expert: the planner's walkthrough, one command per turn, with a short rationale for each.
+"""The ALFWorld expert: it searches for the task's object the way a policy must, then finishes the task.
 
-The rationale is derived from the task and the state the command is played in (what the agent holds, where it
-is, what the observation shows, what the next command needs), so it reads as the reasoning behind the command
-rather than the command repeated. Several wordings per situation, chosen by a seeded RNG, keep the policy from
-learning one fixed sentence; AlignOPSD embeds these thoughts as decision states.
+The planner's walkthrough knows where every object lies; a policy does not. An expert that walks straight to
+the right receptacle teaches guesses that cannot generalise to unseen rooms, so this expert acts on what the
+game shows instead:
+
+- **fetch**: visit receptacles one by one (opening closed ones) until the wanted kind of object is in view, then
+  take it. Before the walkthrough's source it may visit up to ``MAX_DETOURS`` other receptacles, drawn by the
+  episode's RNG, so the demonstrations show what to do when the object is not there;
+- **treat**: go to the sink, microwave or fridge the walkthrough uses and clean, heat or cool the object;
+- **place**: go to the target receptacle, open it if closed, put the object in;
+- **use**: go to the lamp the walkthrough uses and switch it on.
+
+Every command is one the game lists as admissible, and the object is chosen from the game's own ``take``
+commands, so the expert wins whichever instance it finds (ALFWorld goals name kinds, not instances). Each
+command comes with a short rationale derived from the task and the state (what the agent holds, where it is,
+what it just failed to find), in several wordings chosen by the RNG; AlignOPSD embeds these thoughts as decision
+states.
 """
 
 from __future__ import annotations
@@ -17,8 +29,12 @@ _TAKE = re.compile(r"^take (?P<obj>.+?) from (?P<recep>.+)$")
 _MOVE = re.compile(r"^move (?P<obj>.+?) to (?P<recep>.+)$")
 _TREAT = re.compile(r"^(?P<verb>clean|heat|cool) (?P<obj>.+?) with (?P<recep>.+)$")
 _GO = re.compile(r"^go to (?P<recep>.+)$")
-_OPEN = re.compile(r"^open (?P<recep>.+)$")
 _USE = re.compile(r"^use (?P<lamp>.+)$")
+
+MAX_DETOURS = 2
+"""Most receptacles the expert searches before the walkthrough's source of an object."""
+DETOUR_WEIGHTS = (0.5, 0.3, 0.2)
+"""Probability of 0, 1 and 2 detours per object fetched."""
 
 _PARTICIPLE = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
 _TREAT_WORDS = {
@@ -33,118 +49,13 @@ def _kind(name: str) -> str:
     return name.rsplit(" ", 1)[0] if name.rsplit(" ", 1)[-1].isdigit() else name
 
 
-def _next_purpose(plan: list[str], step: int) -> tuple[str, re.Match[str] | None]:
-    """What the command after ``go to X`` does there: its verb and match (``("", None)`` at the end)."""
-    if step + 1 >= len(plan):
-        return "", None
-    following = plan[step + 1]
-    if following.startswith("open ") and step + 2 < len(plan):
-        following = plan[step + 2]
-    for verb, pattern in (("take", _TAKE), ("move", _MOVE), ("treat", _TREAT), ("use", _USE)):
-        match = pattern.match(following)
-        if match:
-            return verb, match
-    return "", None
-
-
-def expert_thought(task: str, plan: list[str], step: int, holding: str | None, observation: str, rng: random.Random) -> str:
-    """The rationale for playing ``plan[step]`` in the current state.
-
-    Args:
-        task: the task sentence ("put a clean knife in drawer.").
-        plan: the whole walkthrough; later commands tell what a ``go to`` is for.
-        step: the index of the command about to be played.
-        holding: the object the agent carries (``None`` when its hands are empty).
-        observation: what the game last said.
-        rng: chooses among equivalent wordings.
-    """
-    goal = task.rstrip(". ")
-    command = plan[step]
-    pick = rng.choice
-    if match := _GO.match(command):
-        recep = match["recep"]
-        purpose, target = _next_purpose(plan, step)
-        if purpose == "take" and target is not None:
-            obj = _kind(target["obj"])
-            if holding is None and step > 0 and any(_MOVE.match(c) for c in plan[:step]):
-                return pick((
-                    f"One {obj} is in place, but the task needs another. The {recep} should have a second {obj}.",
-                    f"I still need a second {obj}; I will look for it at the {recep}.",
-                ))
-            return pick((
-                f"To {goal}, I first need a {obj}. The {recep} is a likely place to find one.",
-                f"I have to find a {obj} before anything else. Let me check the {recep}.",
-                f"My hands are empty and the task needs a {obj}; the {recep} may hold it.",
-            ))
-        if purpose == "treat" and target is not None:
-            obj, verb = _kind(target["obj"]), target["verb"]
-            return pick((
-                f"The {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
-                f"Next the {obj} needs to be {_PARTICIPLE[verb]}. I will bring it to the {recep}.",
-            ))
-        if purpose == "move" and target is not None:
-            obj = _kind(target["obj"])
-            return pick((
-                f"The {obj} is ready. It belongs in the {_kind(target['recep'])}, so I head to the {recep}.",
-                f"Now I carry the {obj} to the {recep}, where the task wants it.",
-                f"All that is left for this {obj} is to put it at the {recep}.",
-            ))
-        if purpose == "use" and target is not None:
-            thing = _kind(holding) if holding else "object"
-            return pick((
-                f"To look at the {thing} in the light, I need a lamp. I will go to the {recep}.",
-                f"I hold the {thing}; now I need light to examine it, so I go to the {recep}.",
-            ))
-        return pick((f"I will go to the {recep}.", f"The {recep} is where I need to be next."))
-    if match := _OPEN.match(command):
-        recep = match["recep"]
-        closed = "closed" in observation
-        return pick((
-            f"The {recep} is {'closed' if closed else 'not open yet'}; I open it to see what is inside.",
-            f"I cannot reach inside the {recep} until I open it.",
-        ))
-    if match := _TAKE.match(command):
-        obj, recep = match["obj"], match["recep"]
-        return pick((
-            f"There is a {_kind(obj)} here on the {recep}. I pick up {obj}.",
-            f"I see the {_kind(obj)} I need at the {recep}, so I take it.",
-            f"{obj.capitalize()} is right here; taking it is the next part of the task.",
-        ))
-    if match := _TREAT.match(command):
-        obj, recep, verb = match["obj"], match["recep"], match["verb"]
-        how = pick(_TREAT_WORDS[verb]).format(recep=recep)
-        return pick((
-            f"I am at the {recep} with the {_kind(obj)}; I {how}.",
-            f"The task needs a {_PARTICIPLE[verb]} {_kind(obj)}, so now I {how}.",
-        ))
-    if match := _MOVE.match(command):
-        obj, recep = match["obj"], match["recep"]
-        return pick((
-            f"I am at the {recep} holding the {_kind(obj)}. Putting it here does what the task asks.",
-            f"This is the {recep} the task means, so I place the {_kind(obj)} in it.",
-        ))
-    if match := _USE.match(command):
-        lamp = match["lamp"]
-        thing = _kind(holding) if holding else "object"
-        return pick((
-            f"The {lamp} is here and I hold the {thing}. Turning it on lets me look at the {thing} in its light.",
-            f"I switch on the {lamp} to examine the {thing} under the light.",
-        ))
-    return f"The next step toward the goal is: {command}."
-
-
-def held_after(command: str, holding: str | None) -> str | None:
-    """What the agent carries after ``command`` succeeds."""
-    if match := _TAKE.match(command):
-        return match["obj"]
-    if _MOVE.match(command):
-        return None
-    return holding
-
-
 class ALFWorldExpert:
     """The expert of one episode: ``expert(observation, admissible, rng) -> (thought, command)``, called once per
-    turn from reset on, with what the game showed before the turn."""
+    turn from reset on, with what the game showed before the turn.
+
+    The walkthrough gives the task's structure (what to fetch, how often, what to treat it with, where it goes);
+    the commands come from the game's admissible list at each turn.
+    """
 
     def __init__(self, spec: Mapping[str, Any], env: Any) -> None:
         if not getattr(env, "walkthrough", None):
@@ -152,16 +63,150 @@ class ALFWorldExpert:
                 f"ALFWorld game {spec.get('game_file')} has no stored walkthrough, so it has no expert; generate "
                 "games with `taspo-alfworld generate` (each generated game stores the planner's walkthrough)."
             )
-        self.task = env.task
-        self.plan: list[str] = list(env.walkthrough)
-        self.step = 0
+        self.goal = env.task.rstrip(". ")
+        self.sources: list[str] = []  # the walkthrough's receptacle of each object it takes
+        self.treat: tuple[str, str] | None = None  # (verb, receptacle)
+        self.lamp: tuple[str, str] | None = None  # (lamp, the receptacle it stands on)
+        self.target: str | None = None
+        self.stages: list[str] = []
+        place = None
+        for command in env.walkthrough:
+            if match := _GO.match(command):
+                place = match["recep"]
+            elif match := _TAKE.match(command):
+                self.kind = _kind(match["obj"])
+                self.sources.append(match["recep"])
+                self.stages.append("fetch")
+            elif match := _TREAT.match(command):
+                self.treat = (match["verb"], match["recep"])
+                self.stages.append("treat")
+            elif match := _MOVE.match(command):
+                self.target = match["recep"]
+                self.stages.append("place")
+            elif match := _USE.match(command):
+                self.lamp = (match["lamp"], place or "")
+                self.stages.append("use")
+        if not self.sources or not (self.target or self.lamp):
+            raise ValueError(f"Cannot read the task's structure from the walkthrough {env.walkthrough!r}.")
+        self.stage = 0
+        self.at: str | None = None
         self.holding: str | None = None
+        self.placed = 0
+        self.queue: list[str] | None = None  # receptacles still to search for the object being fetched
+        self.missed: str | None = None  # the receptacle just searched in vain
 
     def __call__(self, observation: str, admissible: list[str] | None, rng: random.Random) -> tuple[str, str]:
-        if self.step > 0 and observation.strip() != "Nothing happens.":  # the game's answer to a failed command
-            self.holding = held_after(self.plan[self.step - 1], self.holding)
-        if self.step >= len(self.plan):
-            raise ValueError(f"The walkthrough of {self.task!r} ended without a win.")
-        thought = expert_thought(self.task, self.plan, self.step, self.holding, observation, rng)
-        self.step += 1
-        return thought, self.plan[self.step - 1]
+        if self.stage >= len(self.stages):
+            raise ValueError(f"The expert finished every stage of {self.goal!r} without a win.")
+        commands = list(admissible or [])
+        stage = self.stages[self.stage]
+        if stage == "fetch":
+            return self._fetch(commands, rng)
+        if stage == "treat":
+            verb, recep = self.treat  # type: ignore[misc]
+            obj = _kind(self.holding or self.kind)
+            if self.at != recep:
+                return self._go(recep, rng.choice((
+                    f"The {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
+                    f"Next the {obj} needs to be {_PARTICIPLE[verb]}. I will bring it to the {recep}.",
+                )))
+            self.stage += 1
+            how = rng.choice(_TREAT_WORDS[verb]).format(recep=recep)
+            return rng.choice((
+                f"I am at the {recep} with the {obj}; I {how}.",
+                f"The task needs a {_PARTICIPLE[verb]} {obj}, so now I {how}.",
+            )), f"{verb} {self.holding} with {recep}"
+        if stage == "place":
+            return self._place(commands, rng)
+        lamp, recep = self.lamp  # type: ignore[misc]
+        thing = _kind(self.holding or self.kind)
+        if self.at != recep:
+            return self._go(recep, rng.choice((
+                f"To look at the {thing} in the light, I need a lamp. I will go to the {recep}.",
+                f"I hold the {thing}; now I need light to examine it, so I go to the {recep}.",
+            )))
+        self.stage += 1
+        return rng.choice((
+            f"The {lamp} is here and I hold the {thing}. Turning it on lets me look at the {thing} in its light.",
+            f"I switch on the {lamp} to examine the {thing} under the light.",
+        )), f"use {lamp}"
+
+    def _go(self, recep: str, thought: str) -> tuple[str, str]:
+        self.at = recep
+        return thought, f"go to {recep}"
+
+    def _fetch(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
+        obj = self.kind
+        if self.queue is None:
+            self.queue = self._search_order(commands, rng)
+        elif self.at is not None and f"open {self.at}" in commands:
+            return rng.choice((
+                f"The {self.at} is closed; I open it to see whether a {obj} is inside.",
+                f"I cannot see inside the {self.at} until I open it.",
+            )), f"open {self.at}"
+        elif takes := [m for c in commands if (m := _TAKE.match(c)) and m["recep"] == self.at and _kind(m["obj"]) == obj]:
+            self.holding = takes[0]["obj"]
+            self.stage += 1
+            self.queue = None
+            self.missed = None
+            # Worded like the misses below up to the one word that differs ("a" / "no"), so that what decides
+            # between taking and moving on is what the observation shows.
+            return rng.choice((
+                f"There is a {obj} at the {self.at}. I pick up {self.holding}.",
+                f"The {self.at} has a {obj}; I take {self.holding}.",
+                f"Here is a {obj} at the {self.at}, so I take it.",
+            )), takes[0].group(0)
+        else:
+            self.missed = self.at
+        self.queue = [r for r in self.queue if r != self.at and f"go to {r}" in commands]
+        if not self.queue:
+            raise ValueError(f"The expert searched every planned receptacle for a {obj} in vain ({self.goal!r}).")
+        recep = self.queue.pop(0)
+        if self.missed is not None:
+            thought = rng.choice((
+                f"There is no {obj} at the {self.missed}. I will try the {recep} next.",
+                f"The {self.missed} has no {obj}; the {recep} might.",
+                f"Here is no {obj} at the {self.missed}. Let me look for one at the {recep}.",
+            ))
+        elif self.placed:
+            thought = rng.choice((
+                f"One {obj} is in place, but the task needs another. The {recep} may have a second {obj}.",
+                f"I still need a second {obj}; I will look for it at the {recep}.",
+            ))
+        else:
+            thought = rng.choice((
+                f"To {self.goal}, I first need a {obj}. The {recep} is a likely place to find one.",
+                f"I have to find a {obj} before anything else. Let me check the {recep}.",
+                f"My hands are empty and the task needs a {obj}; the {recep} may hold it.",
+            ))
+        return self._go(recep, thought)
+
+    def _search_order(self, commands: list[str], rng: random.Random) -> list[str]:
+        """Up to ``MAX_DETOURS`` other receptacles in random order, then the walkthrough's sources not yet used."""
+        planned = self.sources[self.placed:] + self.sources[: self.placed]
+        avoid = {*planned, self.target, self.at, self.treat and self.treat[1], self.lamp and self.lamp[1]}
+        others = [m["recep"] for c in commands if (m := _GO.match(c)) and m["recep"] not in avoid]
+        detours = rng.choices(range(MAX_DETOURS + 1), weights=DETOUR_WEIGHTS)[0]
+        return rng.sample(others, min(detours, len(others))) + list(dict.fromkeys(planned))
+
+    def _place(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
+        target, obj = self.target, _kind(self.holding or self.kind)
+        if self.at != target:
+            return self._go(target, rng.choice((  # type: ignore[arg-type]
+                f"The {obj} is ready. It belongs in the {_kind(target)}, so I head to the {target}.",  # type: ignore[arg-type]
+                f"Now I carry the {obj} to the {target}, where the task wants it.",
+                f"All that is left for this {obj} is to put it at the {target}.",
+            )))
+        if f"open {target}" in commands:
+            return rng.choice((
+                f"The {target} is closed; I open it so that I can put the {obj} inside.",
+                f"I have to open the {target} before the {obj} can go in.",
+            )), f"open {target}"
+        command = f"move {self.holding} to {target}"
+        self.holding = None
+        self.placed += 1
+        self.stage += 1
+        return rng.choice((
+            f"I am at the {target} holding the {obj}. Putting it here does what the task asks.",
+            f"This is the {target} the task means, so I place the {obj} in it.",
+        )), command
