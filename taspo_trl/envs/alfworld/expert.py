@@ -15,7 +15,10 @@ Every command is one the game lists as admissible, and the object is chosen from
 commands, so the expert wins whichever instance it finds (ALFWorld goals name kinds, not instances). Each
 command comes with a short rationale derived from the task and the state (what the agent holds, where it is,
 what it just failed to find), in several wordings chosen by the RNG; AlignOPSD embeds these thoughts as decision
-states.
+states. Every wording of one situation opens with the same word ("Looking", "No", "Found", "Closed", "Next",
+"Now", "Holding", "Here", "Another", "Light", "Switching"), and no two situations share it: a small policy
+commits to a situation with its first thought token and then writes the matching command, so an opening shared
+between situations ("I am at ...") let it drift into the wrong one.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ _USE = re.compile(r"^use (?P<lamp>.+)$")
 
 MAX_DETOURS = 2
 """Most receptacles the expert searches before the walkthrough's source of an object."""
-DETOUR_WEIGHTS = (0.5, 0.3, 0.2)
+DETOUR_WEIGHTS = (0.7, 0.2, 0.1)
 """Probability of 0, 1 and 2 detours per object fetched."""
 
 _PARTICIPLE = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
@@ -107,14 +110,14 @@ class ALFWorldExpert:
             obj = _kind(self.holding or self.kind)
             if self.at != recep:
                 return self._go(recep, rng.choice((
-                    f"The {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
+                    f"Next the {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
                     f"Next the {obj} needs to be {_PARTICIPLE[verb]}. I will bring it to the {recep}.",
                 )))
             self.stage += 1
             how = rng.choice(_TREAT_WORDS[verb]).format(recep=recep)
             return rng.choice((
-                f"I am at the {recep} with the {obj}; I {how}.",
-                f"The task needs a {_PARTICIPLE[verb]} {obj}, so now I {how}.",
+                f"Now, with the {obj} in hand, I {how}.",
+                f"Now I {how}: the task needs a {_PARTICIPLE[verb]} {obj}.",
             )), f"{verb} {self.holding} with {recep}"
         if stage == "place":
             return self._place(commands, rng)
@@ -122,13 +125,13 @@ class ALFWorldExpert:
         thing = _kind(self.holding or self.kind)
         if self.at != recep:
             return self._go(recep, rng.choice((
-                f"To look at the {thing} in the light, I need a lamp. I will go to the {recep}.",
-                f"I hold the {thing}; now I need light to examine it, so I go to the {recep}.",
+                f"Light is what I need to look at the {thing}; there is a lamp at the {recep}.",
+                f"Light is needed to examine the {thing}, so I go to the lamp at the {recep}.",
             )))
         self.stage += 1
         return rng.choice((
-            f"The {lamp} is here and I hold the {thing}. Turning it on lets me look at the {thing} in its light.",
-            f"I switch on the {lamp} to examine the {thing} under the light.",
+            f"Switching on the {lamp} lets me look at the {thing} in its light.",
+            f"Switching the {lamp} on, I can examine the {thing} under the light.",
         )), f"use {lamp}"
 
     def _go(self, recep: str, thought: str) -> tuple[str, str]:
@@ -141,20 +144,17 @@ class ALFWorldExpert:
             self.queue = self._search_order(commands, rng)
         elif self.at is not None and f"open {self.at}" in commands:
             return rng.choice((
-                f"The {self.at} is closed; I open it to see whether a {obj} is inside.",
-                f"I cannot see inside the {self.at} until I open it.",
+                f"Closed: the {self.at} must be opened to see whether a {obj} is inside.",
+                f"Closed as it is, the {self.at} hides what it holds; I open it.",
             )), f"open {self.at}"
         elif takes := [m for c in commands if (m := _TAKE.match(c)) and m["recep"] == self.at and _kind(m["obj"]) == obj]:
             self.holding = takes[0]["obj"]
             self.stage += 1
             self.queue = None
             self.missed = None
-            # Worded like the misses below up to the one word that differs ("a" / "no"), so that what decides
-            # between taking and moving on is what the observation shows.
             return rng.choice((
-                f"There is a {obj} at the {self.at}. I pick up {self.holding}.",
-                f"The {self.at} has a {obj}; I take {self.holding}.",
-                f"Here is a {obj} at the {self.at}, so I take it.",
+                f"Found a {obj} at the {self.at}. I pick up {self.holding}.",
+                f"Found one: the {self.at} has a {obj}, so I take {self.holding}.",
             )), takes[0].group(0)
         else:
             self.missed = self.at
@@ -164,20 +164,19 @@ class ALFWorldExpert:
         recep = self.queue.pop(0)
         if self.missed is not None:
             thought = rng.choice((
-                f"There is no {obj} at the {self.missed}. I will try the {recep} next.",
-                f"The {self.missed} has no {obj}; the {recep} might.",
-                f"Here is no {obj} at the {self.missed}. Let me look for one at the {recep}.",
+                f"No {obj} at the {self.missed}. I will try the {recep} next.",
+                f"No {obj} here at the {self.missed}; the {recep} might have one.",
             ))
         elif self.placed:
             thought = rng.choice((
-                f"One {obj} is in place, but the task needs another. The {recep} may have a second {obj}.",
-                f"I still need a second {obj}; I will look for it at the {recep}.",
+                f"Another {obj} is needed: one is in place, and the {recep} may have a second.",
+                f"Another {obj} is still missing; I will look for it at the {recep}.",
             ))
         else:
             thought = rng.choice((
-                f"To {self.goal}, I first need a {obj}. The {recep} is a likely place to find one.",
-                f"I have to find a {obj} before anything else. Let me check the {recep}.",
-                f"My hands are empty and the task needs a {obj}; the {recep} may hold it.",
+                f"Looking for a {obj} first; the {recep} is a likely place.",
+                f"Looking for a {obj}, I will check the {recep}.",
+                f"Looking for the {obj} the task needs; the {recep} may hold one.",
             ))
         return self._go(recep, thought)
 
@@ -193,20 +192,19 @@ class ALFWorldExpert:
         target, obj = self.target, _kind(self.holding or self.kind)
         if self.at != target:
             return self._go(target, rng.choice((  # type: ignore[arg-type]
-                f"The {obj} is ready. It belongs in the {_kind(target)}, so I head to the {target}.",  # type: ignore[arg-type]
-                f"Now I carry the {obj} to the {target}, where the task wants it.",
-                f"All that is left for this {obj} is to put it at the {target}.",
+                f"Holding the {obj}, I head to the {target}, where it belongs.",
+                f"Holding the {obj} that the task asks for, I carry it to the {target}.",
             )))
         if f"open {target}" in commands:
             return rng.choice((
-                f"The {target} is closed; I open it so that I can put the {obj} inside.",
-                f"I have to open the {target} before the {obj} can go in.",
+                f"Closed: the {target} must be opened before the {obj} can go in.",
+                f"Closed as it is, the {target} cannot take the {obj}; I open it.",
             )), f"open {target}"
         command = f"move {self.holding} to {target}"
         self.holding = None
         self.placed += 1
         self.stage += 1
         return rng.choice((
-            f"I am at the {target} holding the {obj}. Putting it here does what the task asks.",
-            f"This is the {target} the task means, so I place the {obj} in it.",
+            f"Here is the {target} the task means, so I put the {obj} in it.",
+            f"Here at the {target}, placing the {obj} does what the task asks.",
         )), command
