@@ -90,6 +90,34 @@ def test_budget_and_statement_limit_are_applied(embedded_tokenizer):
     assert all(text.count("\n- ") <= 2 for text in result.texts)
 
 
+def _renamed(steps: list[tuple[str, str]], renames: dict[str, str]) -> list[tuple[str, str]]:
+    def rename(text: str) -> str:
+        for old, new in renames.items():
+            text = text.replace(old, new)
+        return text
+
+    return [(rename(action), rename(observation)) for action, observation in steps]
+
+
+def test_alignment_requests_show_no_source_step_of_the_target(embedded_tokenizer):
+    # Two successes take different apples from different countertops, so every item both support has one
+    # source action of each; a target's own steps must never be shown to it as source evidence.
+    other_apple = _renamed(SOLVE, {"apple 1": "apple 2", "countertop 1": "countertop 2"})
+    group = [make_trajectory(SOLVE, won=True), make_trajectory(other_apple, won=True), kitchen_group()[4]]
+    recorder = Recorder(RuleBasedAnalyzer())
+    build_group_pi(group, recorder, embedded_tokenizer)
+    alignments = {p["target_id"]: p for p, _ in recorder.calls if p["stage"] == "alignment"}
+    assert sorted(alignments) == [0, 1, 2]
+    for target, payload in alignments.items():
+        external = {turn.action for i, t in enumerate(group) if t.won and i != target for turn in t.turns}
+        shown = {action for item in payload["allowed_evidence"] for action in item["source_actions"]}
+        assert shown and shown <= external, target
+    # The failed target sees both successes' steps.
+    assert {"take apple 1 from countertop 1", "take apple 2 from countertop 2"} <= {
+        a for item in alignments[2]["allowed_evidence"] for a in item["source_actions"]
+    }
+
+
 # ----------------------------------------------------------------------------------------------- batch
 
 

@@ -398,6 +398,20 @@ def test_exclusion_drops_items_only_the_target_supports():
     assert [i.id for i in exclude_target_only(items, 4)] == ["E1", "E2", "E3"]
 
 
+def test_exclusion_removes_the_targets_own_steps_from_co_supported_items():
+    own = EvidenceRef(0, 1, "take apple 1 from countertop 1", post_observation_quote=TAKE)
+    other = EvidenceRef(2, 1, "take apple 2 from countertop 2", post_observation_quote="You pick up the apple 2")
+    shared = EvidenceItem("E1", "requirement", "Take the apple.", [own, other])
+    [kept] = exclude_target_only([shared], 0)
+    assert kept.evidence == [other] and (kept.id, kept.kind, kept.statement) == ("E1", "requirement", "Take the apple.")
+    assert shared.evidence == [own, other]  # the group's extraction is shared by every target: left untouched
+    payload = alignment_payload(0, kitchen_group()[0], [kept])
+    assert payload["allowed_evidence"][0]["source_actions"] == ["take apple 2 from countertop 2"]
+    # For any other target both sources are external evidence.
+    [both] = exclude_target_only([shared], 4)
+    assert both.evidence == [own, other]
+
+
 # ----------------------------------------------------------------------------------------------- composition
 
 

@@ -15,7 +15,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # records pull in the rollout package (torch); only their attributes are used here
@@ -376,9 +376,18 @@ def validate_extraction(
 
 
 def exclude_target_only(items: Sequence[EvidenceItem], target_id: int) -> list[EvidenceItem]:
-    """E_{x,-i}: drop items whose only support is the target itself (Section 3.2; A.2, "Candidates must retain
-    support from another successful trajectory")."""
-    return [item for item in items if item.support - {target_id}]
+    """E_{x,-i} (Section 3.2; A.2, "Candidates must retain support from another successful trajectory"): the
+    items another success supports, each with the target's own references removed.
+
+    An item only the target supports is dropped. A co-supported item keeps only its other sources' steps, so
+    that what the alignment request shows about sources (``source_actions``) is never the target's own record:
+    its own steps enter alignment as the target path H_i, not as evidence that the guidance was followed."""
+    out = []
+    for item in items:
+        others = [ref for ref in item.evidence if ref.trajectory_id != target_id]
+        if others:
+            out.append(replace(item, evidence=others))
+    return out
 
 
 def target_records(target: Trajectory) -> list[str]:
