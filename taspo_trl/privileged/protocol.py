@@ -398,9 +398,18 @@ def target_records(target: Trajectory) -> list[str]:
 
 
 def validate_alignment(
-    response: dict[str, Any], target_id: int, target: Trajectory, allowed_ids: Sequence[str]
+    response: dict[str, Any],
+    target_id: int,
+    target: Trajectory,
+    allowed_ids: Sequence[str],
+    max_statements: int | None = DEFAULT_MAX_STATEMENTS,
 ) -> Validated:
-    """Check aligned statements: known target, statement length, allowed evidence ids, a supported target quote."""
+    """Check aligned statements: known target, statement length, allowed evidence ids, a supported target quote.
+
+    Only the first ``max_statements`` statements of the answer (G; None = all) are candidates: A.2 composes
+    "accepted statements among the first G candidates", so a rejected candidate leaves its place empty rather
+    than letting a later statement in. The statements after them are counted as ``over_statement_limit``.
+    """
     result = Validated()
     # Models often echo the id as a string; anything naming another target is rejected.
     if str(response.get("target_id")) != str(target_id):
@@ -411,7 +420,10 @@ def validate_alignment(
         result.rejections["missing_statements"] += 1
         return result
     allowed, records = set(allowed_ids), target_records(target)
-    for raw in raw_statements:
+    for position, raw in enumerate(raw_statements):
+        if max_statements is not None and position >= max_statements:
+            result.rejections["over_statement_limit"] += 1
+            continue
         statement, problem = _check_aligned(raw, allowed, records)
         if problem:
             result.rejections[problem] += 1
@@ -447,21 +459,15 @@ def _wrap(body: str) -> str:
     return f"{PI_HEADER}\n{body}\n{PI_FOOTER}"
 
 
-def compose_pi(
-    statements: Sequence[str],
-    tokenizer: TokenizerLike,
-    max_statements: int | None = DEFAULT_MAX_STATEMENTS,
-    token_budget: int = DEFAULT_PI_TOKENS,
-) -> str:
+def compose_pi(statements: Sequence[str], tokenizer: TokenizerLike, token_budget: int = DEFAULT_PI_TOKENS) -> str:
     """Compose P_i (A.2, "PI composition and budgeting"); "" when there is nothing to say (no PI).
 
-    The first ``max_statements`` distinct statements (G; None = all) become bullets. If the wrapper alone takes
-    B_wrapper < B_PI tokens, it encloses the first B_PI - B_wrapper guidance tokens; otherwise the first B_PI
-    guidance tokens stand alone. The result never exceeds ``token_budget`` tokens once re-tokenised.
+    The distinct statements become bullets, in order (the G limit applies to the analyzer's candidates,
+    ``validate_alignment``). If the wrapper alone takes B_wrapper < B_PI tokens, it encloses the first
+    B_PI - B_wrapper guidance tokens; otherwise the first B_PI guidance tokens stand alone. The result never
+    exceeds ``token_budget`` tokens once re-tokenised.
     """
     distinct = list(dict.fromkeys(s.strip() for s in statements if s.strip()))
-    if max_statements is not None:
-        distinct = distinct[:max_statements]
     if not distinct or token_budget <= 0:
         return ""
     body_ids = tokenizer.encode("\n".join(f"- {s}" for s in distinct), add_special_tokens=False)

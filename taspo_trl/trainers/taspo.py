@@ -61,7 +61,8 @@ class TASPOConfig(AgentGRPOConfig):
             `None` = `<output_dir>/analyzer_cache` for the `"openai"` analyzer.
         pi_char_budget (`int`, defaults to `12000`): $C$, the character budget of an analyzer request (A.2).
         pi_max_items (`int`, defaults to `12`): maximum evidence items (C.3).
-        pi_max_statements (`int`, defaults to `8`): $G$, statements composed into P_i (A.2).
+        pi_max_statements (`int`, defaults to `8`): $G$: P_i is composed from the accepted statements among the
+            analyzer's first $G$ candidates (A.2).
         pi_token_budget (`int`, defaults to `256`): $B_{PI}$, the PI token budget (A.2).
     """
 
@@ -82,7 +83,7 @@ class TASPOConfig(AgentGRPOConfig):
     analyzer_cache_dir: str | None = field(default=None, metadata={"help": "Disk cache of analyzer answers."})
     pi_char_budget: int = field(default=12000, metadata={"help": "C: analyzer request character budget."})
     pi_max_items: int = field(default=12, metadata={"help": "Maximum evidence items."})
-    pi_max_statements: int = field(default=8, metadata={"help": "G: statements composed into PI."})
+    pi_max_statements: int = field(default=8, metadata={"help": "G: candidate statements composed into PI."})
     pi_token_budget: int = field(default=256, metadata={"help": "B_PI: PI token budget."})
 
     def __post_init__(self):
