@@ -39,7 +39,7 @@ from ..credit.alignopsd import (
 )
 from ..privileged.decisions import embed_group, target_correspondence, think_text
 from ..privileged.encoder import get_encoder
-from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, score_continuations
+from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows
@@ -150,7 +150,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         plain_rows = plain.float().cpu().tolist() if plain is not None else rows.logprobs
         local_gaps = privileged_token_shifts(
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and active[r])),
+            min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
             action_only=False,
             batch_size=self.rescore_batch_size,
         )

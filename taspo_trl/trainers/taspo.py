@@ -22,7 +22,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 
 from ..credit.taspo import clipped_action_score, taspo_fallback_reason, taspo_token_weights, taspo_weights
 from ..privileged import PI_SOURCES, OpenAICompatibleAnalyzer, RuleBasedAnalyzer, TransformersAnalyzer, build_batch_pi
-from ..privileged.rescoring import privileged_token_shifts
+from ..privileged.rescoring import privileged_token_shifts, rescored_rows
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -174,7 +174,7 @@ class TASPOTrainer(AgentGRPOTrainer):
             self._snapshot_logprobs,
             plain_rows,
             self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and usable[r])),
+            min_rows=self._max_over_processes(len(rescored_rows(rows, usable))),
             batch_size=self.rescore_batch_size,
         )
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
