@@ -1,12 +1,13 @@
 """Paired rescoring (TASPO Eq. 3): the frozen rollout snapshot scores each sampled response with and without
 the privileged context P_i.
 
-The plain pass log pi_old(y | h) is what the trainer already has: the sampling log-probs recorded during
-generation (exact for the transformers backend in float32) or TRL's ``old_per_token_logps`` when it computed
-them. Only the privileged pass runs here: the same rows with P_i put in front of the row's first user message,
-the response tokens unchanged, under no grad, through the trainer's own chunked log-prob function (so LoRA
-adapters, DeepSpeed ZeRO-3 and the fused LM head behave exactly as in the loss). Only trajectories that can use
-the result (P_i non-empty and A_i != 0) are rescored, so the pass costs at most one forward over the rows.
+The plain pass log pi_old(y | h) is what the trainer already has (``AgentGRPOTrainer._plain_logprobs``: the
+snapshot's log-probs from the same forward, TRL's ``old_per_token_logps`` or the transformers backend's sampling
+log-probs, rescored only when neither is that forward). Only the privileged pass runs here: the same rows with
+P_i put in front of the row's first user message, the response tokens unchanged, under no grad, through the
+trainer's own chunked log-prob function with dropout off (so LoRA adapters, DeepSpeed ZeRO-3 and the fused LM
+head behave as in the loss, and two passes over the same input agree). Only trajectories that can use the
+result (P_i non-empty and A_i != 0) are rescored, so the pass costs at most one forward over the rows.
 """
 
 from __future__ import annotations

@@ -164,15 +164,13 @@ class TASPOTrainer(AgentGRPOTrainer):
         usable = [pi if float(a) != 0.0 else "" for pi, a in zip(pi_texts, advantages.tolist())]
 
         started = time.perf_counter()
-        plain = batch.get("old_per_token_logps")
-        plain_rows = plain.float().cpu().tolist() if plain is not None else rows.logprobs
         shifts = privileged_token_shifts(
             rows,
             trajectories,
             usable,
             self.chat,
             self._snapshot_logprobs,
-            plain_rows,
+            self._plain_logprobs(rows, batch),
             self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(rescored_rows(rows, usable))),
             batch_size=self.rescore_batch_size,
