@@ -162,17 +162,17 @@ def _labels(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
     return out
 
 
-def _shared_teacher_gaps(trainer: BaselineTrainer, memo: dict) -> None:
+def _shared_teacher_scores(trainer: BaselineTrainer, memo: dict) -> None:
     """Reuse the teacher pass of an earlier method with the same contexts (see the module docstring)."""
-    own = trainer._teacher_gaps
+    own = trainer._teacher_scores
 
-    def gaps(trajectories, contexts):
+    def scores(trajectories, contexts):
         key = tuple(contexts)
         if key not in memo:
             memo[key] = own(trajectories, contexts)
         return memo[key]
 
-    trainer._teacher_gaps = gaps
+    trainer._teacher_scores = scores
 
 
 def _method_credit(
@@ -183,7 +183,7 @@ def _method_credit(
     trainer = trainer_class(model=model, args=_config(method, out_dir, args), train_dataset=dataset)
     trainer.model.train()  # a training step's mode: metrics and group sizes read it
     if isinstance(trainer, BaselineTrainer):
-        _shared_teacher_gaps(trainer, memo)
+        _shared_teacher_scores(trainer, memo)
     try:
         return trainer.turn_advantages(seen["trajectories"], seen["advantages"], seen["rows"], seen["batch"])
     finally:

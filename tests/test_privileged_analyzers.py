@@ -40,7 +40,10 @@ def extract(group, max_items=12):
 def align(group, target_id, items):
     allowed = exclude_target_only(items, target_id)
     text = RuleBasedAnalyzer().complete(alignment_messages(alignment_payload(target_id, group[target_id], allowed)))
-    return validate_alignment(parse_json_object(text), target_id, group[target_id], [i.id for i in allowed])
+    # Every candidate, not only the first G composed into P_i: these tests judge what the analyzer aligns.
+    return validate_alignment(
+        parse_json_object(text), target_id, group[target_id], [i.id for i in allowed], max_statements=None
+    )
 
 
 # ----------------------------------------------------------------------------------------------- rule-based

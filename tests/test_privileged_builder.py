@@ -56,7 +56,8 @@ def test_aligned_pi_for_every_target_of_a_group(embedded_tokenizer):
     stats = result.stats
     assert (stats.trajectories, stats.with_pi, stats.groups, stats.analyzer_calls) == (5, 4, 1, 6)
     assert stats.coverage == pytest.approx(0.8)
-    assert stats.fallbacks == {"no_aligned_statements": 1} and not stats.rejections
+    # Every answer passes every check; only candidates past the first G = 8 of a target go unused.
+    assert stats.fallbacks == {"no_aligned_statements": 1} and set(stats.rejections) <= {"over_statement_limit"}
     assert stats.accepted_items == len(result.items) == 12
     # One extraction over the three successes; the alignment payloads never carry outcome labels.
     stages = [payload["stage"] for payload, _ in recorder.calls]
@@ -88,6 +89,60 @@ def test_budget_and_statement_limit_are_applied(embedded_tokenizer):
     result = build_group_pi(kitchen_group(), RuleBasedAnalyzer(), embedded_tokenizer, max_statements=2, token_budget=48)
     assert all(tokens(embedded_tokenizer, text) <= 48 for text in result.texts)
     assert all(text.count("\n- ") <= 2 for text in result.texts)
+
+
+def _renamed(steps: list[tuple[str, str]], renames: dict[str, str]) -> list[tuple[str, str]]:
+    def rename(text: str) -> str:
+        for old, new in renames.items():
+            text = text.replace(old, new)
+        return text
+
+    return [(rename(action), rename(observation)) for action, observation in steps]
+
+
+def test_alignment_requests_show_no_source_step_of_the_target(embedded_tokenizer):
+    # Two successes take different apples from different countertops, so every item both support has one
+    # source action of each; a target's own steps must never be shown to it as source evidence.
+    other_apple = _renamed(SOLVE, {"apple 1": "apple 2", "countertop 1": "countertop 2"})
+    group = [make_trajectory(SOLVE, won=True), make_trajectory(other_apple, won=True), kitchen_group()[4]]
+    recorder = Recorder(RuleBasedAnalyzer())
+    build_group_pi(group, recorder, embedded_tokenizer)
+    alignments = {p["target_id"]: p for p, _ in recorder.calls if p["stage"] == "alignment"}
+    assert sorted(alignments) == [0, 1, 2]
+    for target, payload in alignments.items():
+        external = {turn.action for i, t in enumerate(group) if t.won and i != target for turn in t.turns}
+        shown = {action for item in payload["allowed_evidence"] for action in item["source_actions"]}
+        assert shown and shown <= external, target
+    # The failed target sees both successes' steps.
+    assert {"take apple 1 from countertop 1", "take apple 2 from countertop 2"} <= {
+        a for item in alignments[2]["allowed_evidence"] for a in item["source_actions"]
+    }
+
+
+class _ManyCandidates:
+    """Extraction by the rule-based analyzer; every alignment answers five candidates, the second citing an
+    evidence id that does not exist."""
+
+    workers = 1
+
+    def complete(self, messages):
+        payload = json.loads(messages[-1]["content"])
+        if payload["stage"] == "extraction":
+            return RuleBasedAnalyzer().complete(messages)
+        cited, quote = payload["allowed_evidence"][0]["id"], payload["steps"][0]["action"]
+        statements = [
+            {"statement": f"Candidate {n}.", "evidence_ids": ["E99" if n == 2 else cited], "target_quote": quote}
+            for n in range(1, 6)
+        ]
+        return json.dumps({"target_id": payload["target_id"], "statements": statements})
+
+
+def test_pi_composes_the_accepted_statements_among_the_first_g_candidates(embedded_tokenizer):
+    result = build_group_pi(kitchen_group(), _ManyCandidates(), embedded_tokenizer, max_statements=3)
+    # G = 3: candidates 1 and 3 are accepted among the first three; 4 and 5 are past them, though valid.
+    expected = f"{PI_HEADER}\n- Candidate 1.\n- Candidate 3.\n{PI_FOOTER}"
+    assert result.texts == [expected] * 5
+    assert result.stats.rejections == {"unknown_evidence_id": 5, "over_statement_limit": 2 * 5}
 
 
 # ----------------------------------------------------------------------------------------------- batch
@@ -204,7 +259,7 @@ def test_remote_answers_in_prose_and_fences_give_the_same_pi(server, transcript,
     )
     result = build_group_pi(kitchen_group(), remote(server), embedded_tokenizer)
     assert result.texts == expected
-    assert server.stats()["requests"] == 6 and not result.stats.rejections
+    assert server.stats()["requests"] == 6 and set(result.stats.rejections) <= {"over_statement_limit"}
 
 
 def test_malformed_extraction_empties_the_group(server, embedded_tokenizer, caplog):

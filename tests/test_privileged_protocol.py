@@ -385,6 +385,18 @@ def test_alignment_validation_accepts_target_quotes_from_any_record():
     assert len(validate_alignment(response, 4, group[4], ["E1"]).accepted) == 4
 
 
+def test_g_counts_the_analyzers_candidates_not_its_accepted_statements():
+    # A.2: "accepted statements among the first G candidates". With G = 3 and candidate 2 citing an unknown id,
+    # the accepted statements are candidates 1 and 3; candidates 4 and 5 are valid but not among the first 3.
+    candidates = [_aligned(statement=f"Statement {n}.") for n in range(1, 6)]
+    candidates[1]["evidence_ids"] = ["E9"]
+    result = validate_alignment({"target_id": 4, "statements": candidates}, 4, kitchen_group()[4], ["E1"], max_statements=3)
+    assert [s.statement for s in result.accepted] == ["Statement 1.", "Statement 3."]
+    assert result.rejections == {"unknown_evidence_id": 1, "over_statement_limit": 2}
+    everything = validate_alignment({"target_id": 4, "statements": candidates}, 4, kitchen_group()[4], ["E1"], max_statements=None)
+    assert len(everything.accepted) == 4
+
+
 # ----------------------------------------------------------------------------------------------- exclusion
 
 
@@ -398,6 +410,20 @@ def test_exclusion_drops_items_only_the_target_supports():
     assert [i.id for i in exclude_target_only(items, 4)] == ["E1", "E2", "E3"]
 
 
+def test_exclusion_removes_the_targets_own_steps_from_co_supported_items():
+    own = EvidenceRef(0, 1, "take apple 1 from countertop 1", post_observation_quote=TAKE)
+    other = EvidenceRef(2, 1, "take apple 2 from countertop 2", post_observation_quote="You pick up the apple 2")
+    shared = EvidenceItem("E1", "requirement", "Take the apple.", [own, other])
+    [kept] = exclude_target_only([shared], 0)
+    assert kept.evidence == [other] and (kept.id, kept.kind, kept.statement) == ("E1", "requirement", "Take the apple.")
+    assert shared.evidence == [own, other]  # the group's extraction is shared by every target: left untouched
+    payload = alignment_payload(0, kitchen_group()[0], [kept])
+    assert payload["allowed_evidence"][0]["source_actions"] == ["take apple 2 from countertop 2"]
+    # For any other target both sources are external evidence.
+    [both] = exclude_target_only([shared], 4)
+    assert both.evidence == [own, other]
+
+
 # ----------------------------------------------------------------------------------------------- composition
 
 
@@ -405,11 +431,11 @@ def _tokens(tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def test_compose_wraps_bullets_of_the_first_g_statements(embedded_tokenizer):
+def test_compose_wraps_bullets_of_the_distinct_statements(embedded_tokenizer):
     statements = [f"Statement number {n}." for n in range(10)] + ["Statement number 0."]
-    text = compose_pi(statements, embedded_tokenizer, max_statements=8, token_budget=256)
+    text = compose_pi(statements, embedded_tokenizer, token_budget=256)
     assert text.startswith(PI_HEADER + "\n- Statement number 0.") and text.endswith("\n" + PI_FOOTER)
-    assert text.count("\n- ") == 8 and "number 8" not in text
+    assert text.count("\n- ") == 10 and text.count("number 0.") == 1
     assert compose_pi([], embedded_tokenizer) == "" and compose_pi(["  "], embedded_tokenizer) == ""
 
 

@@ -3,6 +3,7 @@ credit on the real ALFWorld engine (scripted plans, real log-probs of a tiny pol
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
+from trl.trainer.utils import pad
 
+import taspo_trl.trainers.alignopsd as alignopsd_module
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import (
@@ -145,6 +148,78 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
         assert w.mean().item() == pytest.approx(1.0, abs=1e-9)  # token-weighted mean advantage preserved
         redistributed += not torch.all(w == 1.0)
     assert redistributed >= 2
+
+
+def _one_step_inputs(trainer, game, monkeypatch) -> tuple:
+    """What ``turn_weights`` gets in one scripted step (trajectories, advantages, rows, batch); the credit itself is
+    left out of that step."""
+    walkthrough = json.loads(Path(game).read_text())["walkthrough"]
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6))
+    seen: list = []
+
+    def capture(trajectories, advantages, rows, batch):
+        seen.append((trajectories, advantages, rows, batch))
+        return [[1.0] * t.num_turns for t in trajectories]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+        patch.setattr(trainer, "turn_weights", capture)
+        trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
+    return seen[0]
+
+
+def test_rectified_gap_has_one_plain_reference(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """g0 and every aligned g_j subtract the same plain log-probs. Sampling log-probs that differ from the snapshot's
+    by a constant (another engine's, e.g. vLLM's) must therefore not move the rectified gap g~: it is taken against
+    TRL's recomputed log-probs when TRL computed them, and against a pass of the trainer's own otherwise."""
+    config = AlignOPSDConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5))
+    trainer = AlignOPSDTrainer(
+        model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
+    )
+    try:
+        trajectories, advantages, rows, batch = _one_step_inputs(trainer, pick_game, monkeypatch)
+    finally:
+        trainer.close()
+    rectified: list = []
+    real_evidences = alignopsd_module.turn_evidences
+
+    def recorded(gaps, advantage):
+        rectified.append([g.clone() for g in gaps])
+        return real_evidences(gaps, advantage)
+
+    monkeypatch.setattr(alignopsd_module, "turn_evidences", recorded)
+
+    def rectified_gaps(trajectories, rows, batch) -> list:
+        rectified.clear()
+        trainer.turn_weights(trajectories, advantages, rows, batch)
+        return list(rectified)
+
+    # The transformers backend sampled, so its log-probs are the snapshot's: what TRL would recompute.
+    snapshot = batch["sampling_per_token_logps"]
+    reference = rectified_gaps(trajectories, rows, {**batch, "old_per_token_logps": snapshot.clone()})
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    assert reference and metrics["alignopsd/aligned_views"][-1] > 0  # aligned views enter g~ (lambda > 0)
+
+    offset = 0.75
+    shifted_trajectories = copy.deepcopy(trajectories)
+    for trajectory in shifted_trajectories:
+        for turn in trajectory.turns:
+            turn.logprobs = [value + offset for value in turn.logprobs]
+    shifted_rows = copy.deepcopy(rows)
+    shifted_rows.logprobs = [
+        [value + offset * policy for value, policy in zip(values, mask)] for values, mask in zip(rows.logprobs, rows.env_mask)
+    ]
+    shifted = {**batch, "sampling_per_token_logps": pad([torch.tensor(v) for v in shifted_rows.logprobs], 0.0, "right")}
+    recomputed = rectified_gaps(shifted_trajectories, shifted_rows, {**shifted, "old_per_token_logps": snapshot.clone()})
+    assert len(recomputed) == len(reference)
+    for got, want in zip(recomputed, reference):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # vLLM sampled and TRL recomputed nothing: the trainer scores the plain pass itself.
+    monkeypatch.setattr(trainer, "use_vllm", True)
+    rescored = rectified_gaps(shifted_trajectories, shifted_rows, shifted)
+    assert len(rescored) == len(reference)
+    for got, want in zip(rescored, reference):
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got, want))
 
 
 def test_config_errors(tmp_path):

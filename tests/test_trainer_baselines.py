@@ -7,6 +7,7 @@ gap from a direct forward pass of the model (not the trainer's batched scorer) a
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
+from trl.trainer.utils import pad
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
@@ -71,15 +73,15 @@ def shared(tmp_path_factory, tiny_model_dir, game):
     # The teacher pass depends only on the contexts and the teacher, not on the method that shapes its gaps, so
     # methods sharing both reuse it (each forward of the 49k-token LM head costs seconds on this CPU).
     scored: dict = {}
-    teacher_gaps = trainer._teacher_gaps
+    teacher_scores = trainer._teacher_scores
 
     def reuse(trajectories, contexts):
         key = (tuple(contexts), trainer.args.baseline == "opd", id(trainer.teacher_model))
         if key not in scored:
-            scored[key] = teacher_gaps(trajectories, contexts)
+            scored[key] = teacher_scores(trajectories, contexts)
         return scored[key]
 
-    trainer._teacher_gaps = reuse
+    trainer._teacher_scores = reuse
     yield trainer, seen
     trainer.close()
 
@@ -112,6 +114,38 @@ def _direct_gaps(trainer: BaselineTrainer, seen: dict) -> list[list[torch.Tensor
             per_turn.append(teacher - torch.tensor(turn.logprobs))
         gaps.append(per_turn)
     return gaps
+
+
+def test_teacher_gaps_have_one_plain_reference(shared):
+    """The teacher gap's student term and the distillation losses' student log-probs are the trainer's one plain
+    reference (TRL's recomputed log-probs when it computed them), so sampling log-probs off by a constant (another
+    engine's, e.g. vLLM's) move no method's advantages."""
+    trainer, seen = shared
+    snapshot = seen["batch"]["sampling_per_token_logps"]  # the transformers backend: the snapshot's own log-probs
+    offset = 0.75
+    shifted_trajectories = copy.deepcopy(seen["trajectories"])
+    for trajectory in shifted_trajectories:
+        for turn in trajectory.turns:
+            turn.logprobs = [value + offset for value in turn.logprobs]
+    rows = seen["rows"]
+    shifted_rows = copy.deepcopy(rows)
+    shifted_rows.logprobs = [
+        [value + offset * policy for value, policy in zip(values, mask)] for values, mask in zip(rows.logprobs, rows.env_mask)
+    ]
+    reference = {**seen, "batch": {**seen["batch"], "old_per_token_logps": snapshot.clone()}}
+    shifted = {
+        **seen,
+        "trajectories": shifted_trajectories,
+        "rows": shifted_rows,
+        "batch": {
+            **seen["batch"],
+            "sampling_per_token_logps": pad([torch.tensor(v) for v in shifted_rows.logprobs], 0.0, "right"),
+            "old_per_token_logps": snapshot.clone(),
+        },
+    }
+    for method in ("opsd", "grpo_opsd", "sdar", "skill_sd", "rlsd", "opid", "stepopsd"):
+        want = _advantages_with(trainer, reference, baseline=method, pi_source="generic_skill")
+        assert _advantages_with(trainer, shifted, baseline=method, pi_source="generic_skill") == want, method
 
 
 def test_batch_has_two_wins_and_skill_contexts(shared):
@@ -222,13 +256,12 @@ def test_bad_settings_fail_before_training(tmp_path):
 
 
 def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
-    import copy
-
     trainer, seen = shared
-    trajectories = copy.deepcopy(seen["trajectories"])
-    trajectories[0].turns[1].logprobs[0] = float("nan")  # e.g. a log-prob a vLLM backend did not return
+    trajectories, rows = seen["trajectories"], seen["rows"]
+    plain = copy.deepcopy(rows.collect(rows.logprobs))
+    plain[(0, 1)][0] = float("nan")
     contexts = trainer.last_privileged_info or trainer._privileged_info(trajectories)
-    gaps = BaselineTrainer._teacher_gaps(trainer, trajectories, contexts)  # unmemoised: the student side changed
+    gaps = trainer._teacher_gaps(trajectories, contexts, plain)
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"
     assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0

@@ -16,6 +16,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
 import taspo_trl.trainers.grpo as grpo_module
+import taspo_trl.trainers.taspo as taspo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
@@ -101,6 +102,79 @@ def test_privileged_shifts_match_an_independent_forward(tmp_path, tiny_model_dir
         start, end = turn.action_span
         expected = privileged[start:end].double() - torch.tensor(turn.logprobs[start:end], dtype=torch.float64)
         assert end > start and torch.allclose(delta, expected, atol=1e-4)
+
+
+def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, pick_game, monkeypatch):
+    """Scoring passes run with dropout off. With a LoRA adapter whose dropout is live (train mode, p = 0.5, random
+    non-zero init so the adapter path matters), two identical privileged passes give identical shifts; the
+    trainer's shifts equal dropout-free forwards even when TRL's recomputed log-probs carry dropout noise; and
+    every module's mode is back afterwards."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, init_lora_weights=False, target_modules=["q_proj", "v_proj"])
+    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game, peft_config=lora)
+    model = trainer.model
+    model.eval()  # rollouts sample in eval mode (TransformersGenerator does the same)
+    seen: list = []
+
+    def capture(trajectories, advantages, rows, batch):  # the step's credit inputs; its own credit is not needed
+        seen.append((trajectories, advantages, rows))
+        return [[1.0] * t.num_turns for t in trajectories]
+
+    monkeypatch.setattr(trainer, "turn_weights", capture)
+    try:
+        batch = _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
+    finally:
+        trainer.close()
+    monkeypatch.undo()
+    trajectories, advantages, rows = seen[0]
+    model.train()  # as during a training step
+    modes = {name: module.training for name, module in model.named_modules()}
+    assert any("lora_dropout" in name for name in modes)
+
+    pi = [text if a != 0 else "" for text, a in zip(trainer._privileged_info(trajectories), advantages.tolist())]
+    assert any(pi)
+
+    def shifts():
+        return privileged_token_shifts(
+            rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, rows.logprobs, trainer._tokenizer.pad_token_id
+        )
+
+    first, second = shifts(), shifts()
+    assert first and first.keys() == second.keys()
+    assert all(torch.equal(first[key], second[key]) for key in first)
+    assert {name: module.training for name, module in model.named_modules()} == modes
+
+    # TRL recomputes old log-probs in train mode: with dropout live they are noisy, and must not be the reference.
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    with torch.no_grad():
+        noisy, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, batch["completion_ids"].size(1))
+    recorded: list = []
+    real = taspo_module.privileged_token_shifts
+
+    def record(*args, **kwargs):
+        recorded.append(real(*args, **kwargs))
+        return recorded[-1]
+
+    monkeypatch.setattr(taspo_module, "privileged_token_shifts", record)
+    trainer.turn_weights(trajectories, advantages, rows, {**batch, "old_per_token_logps": noisy})
+    assert {name: module.training for name, module in model.named_modules()} == modes
+    model.eval()
+    assert recorded[0]
+    for (i, t), delta in list(recorded[0].items())[:3]:
+        turn = trajectories[i].turns[t]
+        privileged = trainer.chat.first_prompt_ids(privileged_user_text(pi[i], turn.prompt_text))
+        start, end = turn.action_span
+        with torch.no_grad():
+            expected = _logprobs(model, privileged, turn.response_ids) - _logprobs(model, turn.prompt_ids, turn.response_ids)
+        assert torch.allclose(delta, expected[start:end].double(), atol=1e-4)
+
+
+def _logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+    """log pi(response | prompt) token by token, from one plain forward."""
+    logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
 
 
 class _BrokenAnalyzer:

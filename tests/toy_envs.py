@@ -12,10 +12,11 @@ class LockerEnv:
     action_tag = "action"
     env_name = "lockers"
 
-    def __init__(self, target: int = 3, max_turns: int = 4, crash_on: str | None = None):
+    def __init__(self, target: int = 3, max_turns: int = 4, crash_on: str | None = None, fail_reset: bool = False):
         self.target = target
         self.max_turns = max_turns
         self.crash_on = crash_on
+        self.fail_reset = fail_reset
         self.steps = 0
 
     @property
@@ -27,6 +28,8 @@ class LockerEnv:
         return [f"open locker {n}" for n in range(1, 6)]
 
     def reset(self) -> str:
+        if self.fail_reset:
+            raise RuntimeError("simulated failure at reset")
         self.steps = 0
         return "You are in a locker room. There are 5 lockers."
 
@@ -44,7 +47,7 @@ class LockerEnv:
 
 
 def locker_factory(spec: dict) -> LockerEnv:
-    return LockerEnv(int(spec.get("target", 3)), int(spec.get("max_turns", 4)), spec.get("crash_on"))
+    return LockerEnv(int(spec.get("target", 3)), int(spec.get("max_turns", 4)), spec.get("crash_on"), bool(spec.get("fail_reset")))
 
 
 class ScriptedGenerator:

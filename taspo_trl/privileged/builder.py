@@ -280,12 +280,10 @@ def _align(
     if response is None:
         stats.fallbacks["alignment_failed"] += 1
         return "", [], stats
-    validated = validate_alignment(response, target_id, target, [item.id for item in allowed])
+    validated = validate_alignment(response, target_id, target, [item.id for item in allowed], settings.max_statements)
     stats.rejections.update(validated.rejections)
     stats.aligned_statements += len(validated.accepted)
-    text = compose_pi(
-        [s.statement for s in validated.accepted], settings.tokenizer, settings.max_statements, settings.token_budget
-    )
+    text = compose_pi([s.statement for s in validated.accepted], settings.tokenizer, settings.token_budget)
     _count_outcome(stats, text, "no_aligned_statements")
     return text, validated.accepted, stats
 
@@ -312,7 +310,7 @@ def _ablation_group(group_index: int, group: list[Trajectory], settings: _Settin
     texts = []
     for target_id in range(len(group)):
         statements, empty_reason = _ablation_statements(group_index, group, target_id, settings)
-        text = compose_pi(statements, settings.tokenizer, None, settings.token_budget)
+        text = compose_pi(statements, settings.tokenizer, settings.token_budget)
         stats.trajectories += 1
         _count_outcome(stats, text, empty_reason)
         texts.append(text)

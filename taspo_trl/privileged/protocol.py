@@ -15,7 +15,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # records pull in the rollout package (torch); only their attributes are used here
@@ -376,9 +376,18 @@ def validate_extraction(
 
 
 def exclude_target_only(items: Sequence[EvidenceItem], target_id: int) -> list[EvidenceItem]:
-    """E_{x,-i}: drop items whose only support is the target itself (Section 3.2; A.2, "Candidates must retain
-    support from another successful trajectory")."""
-    return [item for item in items if item.support - {target_id}]
+    """E_{x,-i} (Section 3.2; A.2, "Candidates must retain support from another successful trajectory"): the
+    items another success supports, each with the target's own references removed.
+
+    An item only the target supports is dropped. A co-supported item keeps only its other sources' steps, so
+    that what the alignment request shows about sources (``source_actions``) is never the target's own record:
+    its own steps enter alignment as the target path H_i, not as evidence that the guidance was followed."""
+    out = []
+    for item in items:
+        others = [ref for ref in item.evidence if ref.trajectory_id != target_id]
+        if others:
+            out.append(replace(item, evidence=others))
+    return out
 
 
 def target_records(target: Trajectory) -> list[str]:
@@ -389,9 +398,18 @@ def target_records(target: Trajectory) -> list[str]:
 
 
 def validate_alignment(
-    response: dict[str, Any], target_id: int, target: Trajectory, allowed_ids: Sequence[str]
+    response: dict[str, Any],
+    target_id: int,
+    target: Trajectory,
+    allowed_ids: Sequence[str],
+    max_statements: int | None = DEFAULT_MAX_STATEMENTS,
 ) -> Validated:
-    """Check aligned statements: known target, statement length, allowed evidence ids, a supported target quote."""
+    """Check aligned statements: known target, statement length, allowed evidence ids, a supported target quote.
+
+    Only the first ``max_statements`` statements of the answer (G; None = all) are candidates: A.2 composes
+    "accepted statements among the first G candidates", so a rejected candidate leaves its place empty rather
+    than letting a later statement in. The statements after them are counted as ``over_statement_limit``.
+    """
     result = Validated()
     # Models often echo the id as a string; anything naming another target is rejected.
     if str(response.get("target_id")) != str(target_id):
@@ -402,7 +420,10 @@ def validate_alignment(
         result.rejections["missing_statements"] += 1
         return result
     allowed, records = set(allowed_ids), target_records(target)
-    for raw in raw_statements:
+    for position, raw in enumerate(raw_statements):
+        if max_statements is not None and position >= max_statements:
+            result.rejections["over_statement_limit"] += 1
+            continue
         statement, problem = _check_aligned(raw, allowed, records)
         if problem:
             result.rejections[problem] += 1
@@ -438,21 +459,15 @@ def _wrap(body: str) -> str:
     return f"{PI_HEADER}\n{body}\n{PI_FOOTER}"
 
 
-def compose_pi(
-    statements: Sequence[str],
-    tokenizer: TokenizerLike,
-    max_statements: int | None = DEFAULT_MAX_STATEMENTS,
-    token_budget: int = DEFAULT_PI_TOKENS,
-) -> str:
+def compose_pi(statements: Sequence[str], tokenizer: TokenizerLike, token_budget: int = DEFAULT_PI_TOKENS) -> str:
     """Compose P_i (A.2, "PI composition and budgeting"); "" when there is nothing to say (no PI).
 
-    The first ``max_statements`` distinct statements (G; None = all) become bullets. If the wrapper alone takes
-    B_wrapper < B_PI tokens, it encloses the first B_PI - B_wrapper guidance tokens; otherwise the first B_PI
-    guidance tokens stand alone. The result never exceeds ``token_budget`` tokens once re-tokenised.
+    The distinct statements become bullets, in order (the G limit applies to the analyzer's candidates,
+    ``validate_alignment``). If the wrapper alone takes B_wrapper < B_PI tokens, it encloses the first
+    B_PI - B_wrapper guidance tokens; otherwise the first B_PI guidance tokens stand alone. The result never
+    exceeds ``token_budget`` tokens once re-tokenised.
     """
     distinct = list(dict.fromkeys(s.strip() for s in statements if s.strip()))
-    if max_statements is not None:
-        distinct = distinct[:max_statements]
     if not distinct or token_budget <= 0:
         return ""
     body_ids = tokenizer.encode("\n".join(f"- {s}" for s in distinct), add_special_tokens=False)

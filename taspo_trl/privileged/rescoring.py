@@ -1,12 +1,13 @@
 """Paired rescoring (TASPO Eq. 3): the frozen rollout snapshot scores each sampled response with and without
 the privileged context P_i.
 
-The plain pass log pi_old(y | h) is what the trainer already has: the sampling log-probs recorded during
-generation (exact for the transformers backend in float32) or TRL's ``old_per_token_logps`` when it computed
-them. Only the privileged pass runs here: the same rows with P_i put in front of the row's first user message,
-the response tokens unchanged, under no grad, through the trainer's own chunked log-prob function (so LoRA
-adapters, DeepSpeed ZeRO-3 and the fused LM head behave exactly as in the loss). Only trajectories that can use
-the result (P_i non-empty and A_i != 0) are rescored, so the pass costs at most one forward over the rows.
+The plain pass log pi_old(y | h) is what the trainer already has (``AgentGRPOTrainer._plain_logprobs``: the
+snapshot's log-probs from the same forward, TRL's ``old_per_token_logps`` or the transformers backend's sampling
+log-probs, rescored only when neither is that forward). Only the privileged pass runs here: the same rows with
+P_i put in front of the row's first user message, the response tokens unchanged, under no grad, through the
+trainer's own chunked log-prob function with dropout off (so LoRA adapters, DeepSpeed ZeRO-3 and the fused LM
+head behave as in the loss, and two passes over the same input agree). Only trajectories that can use the
+result (P_i non-empty and A_i != 0) are rescored, so the pass costs at most one forward over the rows.
 """
 
 from __future__ import annotations
@@ -75,6 +76,17 @@ def score_continuations(
     return out  # type: ignore[return-value]
 
 
+def rescored_rows(rows: Rows, pi_texts: Sequence[str]) -> list[int]:
+    """Indices of the rows the privileged pass scores: those of a trajectory with a non-empty ``pi_texts`` entry
+    that hold a policy token. A trajectory whose environment failed at reset has no turn, and in the ``sequence``
+    layout a placeholder row without policy tokens: there is nothing to score, and no turn to anchor P_i to."""
+    return [
+        r
+        for r, traj in enumerate(rows.row_trajectory)
+        if traj != NOT_POLICY and pi_texts[traj] and any(turn != NOT_POLICY for turn in rows.token_turn[r])
+    ]
+
+
 def privileged_token_shifts(
     rows: Rows,
     trajectories: Sequence[Trajectory],
@@ -90,16 +102,16 @@ def privileged_token_shifts(
     """Eq. 3 shifts Delta_itk of each rescored turn, keyed by (trajectory, turn): over the ACTION span (TASPO),
     or over the whole response with ``action_only=False`` (AlignOPSD's local gap g0).
 
-    Rows of trajectories with a non-empty ``pi_texts`` entry are rescored with P_i in their prompt; the response
-    (and, in the ``sequence`` layout, the observation) tokens are unchanged. ``plain_logprobs`` are per-token
-    log pi_old(y | h) aligned with ``rows.completion_ids``. With ``action_only``, turns whose action span is
+    The ``rescored_rows`` are scored with P_i in their prompt; the response (and, in the ``sequence`` layout,
+    the observation) tokens are unchanged. ``plain_logprobs`` are per-token log pi_old(y | h) aligned with
+    ``rows.completion_ids``. With ``action_only``, turns whose action span is
     empty are left out (not scorable); non-finite values are kept so the scorer can reject them.
     """
-    keep = [r for r, traj in enumerate(rows.row_trajectory) if traj != NOT_POLICY and pi_texts[traj]]
+    keep = rescored_rows(rows, pi_texts)
     pairs = []
     for r in keep:
         traj = rows.row_trajectory[r]
-        first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)
+        first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)  # exists: rescored_rows checked it
         pairs.append((privileged_prompt_ids(trajectories[traj], first_turn, pi_texts[traj], chat), rows.completion_ids[r]))
     privileged = score_continuations(pairs, logprob_fn, pad_token_id, min_rows, batch_size)
     shifts_by_row = [

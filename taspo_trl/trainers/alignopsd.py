@@ -39,7 +39,7 @@ from ..credit.alignopsd import (
 )
 from ..privileged.decisions import embed_group, target_correspondence, think_text
 from ..privileged.encoder import get_encoder
-from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, score_continuations
+from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows
@@ -145,12 +145,13 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         skill_texts = [self.skill_bank.render(s) if s else "" for s in skills]
         active = [skill_texts[first + i] if float(advantages[i]) != 0.0 else "" for i in range(local)]
 
-        # 2. Local gap g0 on every response token.
-        plain = batch.get("old_per_token_logps")
-        plain_rows = plain.float().cpu().tolist() if plain is not None else rows.logprobs
+        # 2. Local gap g0 on every response token, against the plain reference the aligned gaps g_j share (step 4):
+        #    g~ mixes them, so a reference that differed between the two would move the matched turns only.
+        plain_rows = self._plain_logprobs(rows, batch)
+        plain_turns = rows.collect(plain_rows)
         local_gaps = privileged_token_shifts(
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and active[r])),
+            min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
             action_only=False,
             batch_size=self.rescore_batch_size,
         )
@@ -196,7 +197,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         )
         aligned_gaps: dict[tuple[int, int, int], torch.Tensor] = {}
         for (i, t, source), logps in zip(owners, aligned):
-            plain_turn = torch.tensor(trajectories[i].turns[t].logprobs, dtype=torch.float64)
+            plain_turn = torch.tensor(plain_turns.get((i, t), []), dtype=torch.float64)
             aligned_gaps[(i, t, source)] = logps.double() - plain_turn
         rescoring_seconds += time.perf_counter() - started
 

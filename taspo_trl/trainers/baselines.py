@@ -30,6 +30,7 @@ from ..privileged.rescoring import privileged_prompt_ids, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
+from .grpo import dropout_off
 from .taspo import TASPOConfig, TASPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -194,9 +195,10 @@ class BaselineTrainer(TASPOTrainer):
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         if self.teacher_model is not None or (self.ref_model is not None and self.args.teacher_policy == "initial"):
             model = self.teacher_model if self.teacher_model is not None else self.ref_model
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size=self.rescore_batch_size
-            )
+            with dropout_off(model):  # a teacher passed in (OPD's, or the policy itself) may be in train mode
+                logps, _, _ = self._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=self.rescore_batch_size
+                )
             return logps
         if self.args.teacher_policy == "initial":  # PEFT: the base model with the adapter switched off
             unwrapped = self.accelerator.unwrap_model(self.model)
@@ -204,10 +206,10 @@ class BaselineTrainer(TASPOTrainer):
                 return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
         return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
 
-    def _teacher_gaps(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], torch.Tensor]:
-        """Delta_t = log pi_T(y_t | context + h_t) - log pi_old(y_t | h_t) on every response token of every turn of
-        the trajectories with a context (OPD: all, under the plain prompt). Batched and padded like the rescoring
-        of TASPO so every process runs the same number of forward passes."""
+    def _teacher_scores(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], torch.Tensor]:
+        """log pi_T(y_t | context + h_t) on every response token of every turn of the trajectories with a context
+        (OPD: all, under the plain prompt). Batched and padded like the rescoring of TASPO so every process runs
+        the same number of forward passes."""
         plain_teacher = self.args.baseline == "opd"
         keys, pairs = [], []
         for i, trajectory in enumerate(trajectories):
@@ -226,13 +228,20 @@ class BaselineTrainer(TASPOTrainer):
             min_rows=self._max_over_processes(len(pairs)),
             batch_size=self.rescore_batch_size,
         )
+        return dict(zip(keys, scored))
+
+    def _teacher_gaps(
+        self, trajectories: list[Trajectory], contexts: list[str], plain: dict[tuple[int, int], list[float]]
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """Delta_t = log pi_T(y_t | context + h_t) - log pi_old(y_t | h_t) of the turns ``_teacher_scores`` scores;
+        ``plain`` holds log pi_old per (trajectory, turn), the trainer's one plain reference (``_plain_logprobs``),
+        so the student term comes from the same forward as the teacher's."""
         gaps, non_finite = {}, 0
-        for (i, t), teacher in zip(keys, scored):
-            student = torch.tensor(trajectories[i].turns[t].logprobs, dtype=torch.float32)
-            gap = teacher.float() - student
+        for (i, t), teacher in self._teacher_scores(trajectories, contexts).items():
+            gap = teacher.float() - torch.tensor(plain[(i, t)], dtype=torch.float32)
             if torch.isfinite(gap).all():
                 gaps[(i, t)] = gap
-            else:  # a NaN/inf log-prob (e.g. a vLLM logprob it did not return) leaves the turn unscored
+            else:  # a NaN/inf log-prob on either side leaves the turn unscored rather than poisoning the batch
                 non_finite += 1
         if non_finite:
             logger.warning("%d turns had non-finite teacher gaps and keep their outcome advantage", non_finite)
@@ -254,7 +263,8 @@ class BaselineTrainer(TASPOTrainer):
 
         contexts = self._privileged_info(trajectories) if method != "opd" else [""] * len(trajectories)
         self.last_privileged_info = contexts
-        gaps = self._teacher_gaps(trajectories, contexts)
+        plain = rows.collect(self._plain_logprobs(rows, batch))
+        gaps = self._teacher_gaps(trajectories, contexts, plain)
         if gaps:
             flat = torch.cat(list(gaps.values()))
             metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
@@ -270,17 +280,21 @@ class BaselineTrainer(TASPOTrainer):
                 continue
             delta, mask = _stack_turns(turn_gaps, [len(turn.response_ids) for turn in trajectory.turns])
             advantage = torch.full((delta.size(0),), float(advantages[i]))
-            shaped = self._shape(method, advantage, delta, mask, trajectory)
+            student = [plain.get((i, t), []) for t in range(trajectory.num_turns)]
+            shaped = self._shape(method, advantage, delta, mask, student)
             out.append([shaped[t, : int(mask[t].sum())].tolist() if mask[t].any() else unscored for t in range(len(turn_gaps))])
         if method == "rlsd":
             metrics["baseline/rlsd_lambda"].append(rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps))
         return out
 
-    def _shape(self, method: str, advantage: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, trajectory: Trajectory) -> torch.Tensor:
-        """[turns, T] advantages of one trajectory from its outcome advantage and its teacher gaps."""
+    def _shape(
+        self, method: str, advantage: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, plain: list[list[float]]
+    ) -> torch.Tensor:
+        """[turns, T] advantages of one trajectory from its outcome advantage and its teacher gaps; ``plain`` is
+        the per-turn plain reference the gaps were taken against, the student's log-probs at the snapshot."""
         args = self.args
         if method in DISTILLATION:
-            student = torch.tensor(_padded([t.logprobs for t in trajectory.turns], delta.size(1)))
+            student = torch.tensor(_padded(plain, delta.size(1)))
             extra: dict[str, Any] = {"coef": args.distill_coef}
             if method == "sdar":
                 extra["beta"] = args.sdar_beta

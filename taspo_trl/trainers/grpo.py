@@ -25,6 +25,8 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,16 +212,39 @@ class AgentGRPOTrainer(GRPOTrainer):
     def _snapshot_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
         """log pi_old of the last ``logits_to_keep`` tokens (no grad by the caller): until the update of this
         step, the current weights are the rollout snapshot. Runs through TRL's chunked log-prob function, so LoRA,
-        DeepSpeed and the fused LM head behave as in the loss."""
+        DeepSpeed and the fused LM head behave as in the loss, with dropout off (``dropout_off``)."""
         device = self.accelerator.device
-        logps, _, _ = self._get_per_token_logps_and_entropies(
-            self.model,
-            input_ids.to(device),
-            attention_mask.to(device),
-            logits_to_keep,
-            batch_size=self.rescore_batch_size,
-        )
+        with dropout_off(self.model):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids.to(device),
+                attention_mask.to(device),
+                logits_to_keep,
+                batch_size=self.rescore_batch_size,
+            )
         return logps
+
+    def _plain_logprobs(self, rows: Rows, batch: dict[str, Any]) -> list[list[float]]:
+        """log pi_old(y | h) of every completion token of ``rows``: the ONE plain reference that every privileged,
+        aligned and teacher gap of a step subtracts.
+
+        Those passes score the snapshot through :meth:`_snapshot_logprobs` (this trainer's forward, dropout off),
+        so the plain side must be that same forward: any offset between two log-prob sources (vLLM against
+        transformers, dropout noise) would otherwise become part of the gaps, and of some gaps only where two of
+        them used different sources. TRL's ``old_per_token_logps`` are that forward when TRL computed them and no
+        dropout is active; the sampling log-probs are when the transformers backend sampled (in eval mode, with
+        the same weights). In the remaining cases, vLLM's log-probs without a recomputation or a recomputation
+        that ran with dropout, the rows are scored once more."""
+        old = batch.get("old_per_token_logps")
+        if old is not None and not _dropout_is_active(self.model):
+            return old.float().cpu().tolist()
+        if old is None and not self.use_vllm:
+            return rows.logprobs
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps = self._snapshot_logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
+        return logps.float().cpu().tolist()
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -568,6 +593,36 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+@contextmanager
+def dropout_off(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for a scoring pass, then every module's own mode back.
+
+    The rescoring passes compare log-probs of the same weights under two contexts; in train mode each pass would
+    draw its own dropout masks (a LoRA adapter's ``lora_dropout`` too) and that noise would go straight into the
+    gaps. Modes are restored module by module: a blanket ``train()`` would also switch on modules the caller
+    keeps in eval mode."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def _dropout_is_active(model: torch.nn.Module) -> bool:
+    """Whether a forward of ``model`` in its current modes draws dropout: a dropout module with p > 0 (LoRA's
+    among them) or an attention layer with a dropout rate, which ``transformers`` applies functionally."""
+    return any(
+        module.training
+        and (
+            (isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0)
+            or (isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout > 0)
+        )
+        for module in model.modules()
+    )
 
 
 def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:

@@ -22,7 +22,7 @@ from accelerate.utils import broadcast_object_list, gather_object
 
 from ..credit.taspo import clipped_action_score, taspo_fallback_reason, taspo_token_weights, taspo_weights
 from ..privileged import PI_SOURCES, OpenAICompatibleAnalyzer, RuleBasedAnalyzer, TransformersAnalyzer, build_batch_pi
-from ..privileged.rescoring import privileged_token_shifts
+from ..privileged.rescoring import privileged_token_shifts, rescored_rows
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
@@ -61,7 +61,8 @@ class TASPOConfig(AgentGRPOConfig):
             `None` = `<output_dir>/analyzer_cache` for the `"openai"` analyzer.
         pi_char_budget (`int`, defaults to `12000`): $C$, the character budget of an analyzer request (A.2).
         pi_max_items (`int`, defaults to `12`): maximum evidence items (C.3).
-        pi_max_statements (`int`, defaults to `8`): $G$, statements composed into P_i (A.2).
+        pi_max_statements (`int`, defaults to `8`): $G$: P_i is composed from the accepted statements among the
+            analyzer's first $G$ candidates (A.2).
         pi_token_budget (`int`, defaults to `256`): $B_{PI}$, the PI token budget (A.2).
     """
 
@@ -82,7 +83,7 @@ class TASPOConfig(AgentGRPOConfig):
     analyzer_cache_dir: str | None = field(default=None, metadata={"help": "Disk cache of analyzer answers."})
     pi_char_budget: int = field(default=12000, metadata={"help": "C: analyzer request character budget."})
     pi_max_items: int = field(default=12, metadata={"help": "Maximum evidence items."})
-    pi_max_statements: int = field(default=8, metadata={"help": "G: statements composed into PI."})
+    pi_max_statements: int = field(default=8, metadata={"help": "G: candidate statements composed into PI."})
     pi_token_budget: int = field(default=256, metadata={"help": "B_PI: PI token budget."})
 
     def __post_init__(self):
@@ -163,17 +164,15 @@ class TASPOTrainer(AgentGRPOTrainer):
         usable = [pi if float(a) != 0.0 else "" for pi, a in zip(pi_texts, advantages.tolist())]
 
         started = time.perf_counter()
-        plain = batch.get("old_per_token_logps")
-        plain_rows = plain.float().cpu().tolist() if plain is not None else rows.logprobs
         shifts = privileged_token_shifts(
             rows,
             trajectories,
             usable,
             self.chat,
             self._snapshot_logprobs,
-            plain_rows,
+            self._plain_logprobs(rows, batch),
             self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(sum(1 for r in rows.row_trajectory if r >= 0 and usable[r])),
+            min_rows=self._max_over_processes(len(rescored_rows(rows, usable))),
             batch_size=self.rescore_batch_size,
         )
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
