@@ -517,10 +517,13 @@ class AgentGRPOTrainer(GRPOTrainer):
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
                 )
             if self.use_vllm and self.vllm_importance_sampling_correction:
-                mask = completion_mask * env_mask
-                diff = torch.nan_to_num((batch["old_per_token_logps"] - sampling_logps) * mask, nan=0.0)
-                batch["importance_sampling_ratio"] = torch.exp(diff).clamp(
-                    max=self.vllm_importance_sampling_clip_max or float("inf")
+                batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
+                    batch["old_per_token_logps"],
+                    sampling_logps,
+                    completion_mask * env_mask,
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
                 )
             if self.beta != 0.0:
                 batch["ref_per_token_logps"] = self._reference_logps(input_ids, attention_mask, logits_to_keep, batch_size)
@@ -568,6 +571,40 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+VLLM_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def vllm_importance_sampling_ratio(
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None = None,
+    clip_max: float | None = None,
+) -> torch.Tensor:
+    """TRL's correction for the gap between the sampler (vLLM) and the trained model, ``pi_old / pi_sampler``,
+    with the semantics of TRL 1.16's ``vllm_importance_sampling_mode``.
+
+    ``token_*`` modes give one ratio per token ([B, T]); ``sequence_*`` modes one per row ([B, 1]), the product
+    of the row's token ratios (in the ``turn`` layout a row is one turn, in ``sequence`` one trajectory).
+    ``*_truncate`` clamps the ratio into [``clip_min``, ``clip_max``]; ``*_mask`` sets a ratio outside that
+    range to 0, so the token or row does not train. A bound that is None does not bound. Positions outside
+    ``mask`` (prompt padding, environment tokens) and tokens the sampler could not score (NaN) contribute a log
+    ratio of 0.
+    """
+    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {VLLM_IMPORTANCE_SAMPLING_MODES}, got {mode!r}.")
+    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    ratio = log_ratio.exp()
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=clip_min, max=clip_max)
+    low = float("-inf") if clip_min is None else clip_min
+    high = float("inf") if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:
