@@ -92,6 +92,12 @@ class AgentGRPOConfig(GRPOConfig):
         log_turns (`bool`, defaults to `False`):
             Append one JSON line per turn (task, action, observation, advantage) to `<output_dir>/turns.jsonl`
             every step. TRL's `log_completions` shows one row per trajectory with its per-turn advantages.
+
+    TRL's own fields keep TRL's meaning (the vLLM importance-sampling modes and bounds, sampling settings such as
+    `min_p`, `repetition_penalty` and `generation_kwargs`, the loss settings). The few the agent loop cannot
+    reproduce are refused with the fix in the message: `multi_objective_aggregation="normalize_then_sum"`,
+    `scale_rewards="batch"`, `mask_truncated_completions=True`, `pad_to_multiple_of`, `chat_template_kwargs`, and
+    transformers continuous batching.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -118,10 +124,48 @@ class AgentGRPOConfig(GRPOConfig):
                 f"turn_balanced_loss=True (Eq. 7) needs loss_type='dapo', got {self.loss_type!r}. "
                 "Set loss_type: dapo, or turn_balanced_loss: false to use TRL's own normalisation."
             )
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(f"scale_rewards must be 'group' or 'none' for agent training, got {self.scale_rewards!r}.")
+        self._refuse_trl_settings_the_agent_loop_ignores()
         if self.use_vllm:
             _check_vllm_available()
+
+    def _refuse_trl_settings_the_agent_loop_ignores(self) -> None:
+        """`AgentGRPOTrainer._generate_and_score_completions` replaces TRL's; a `GRPOConfig` setting it does not
+        reproduce is refused here rather than silently ignored (tests/test_trainer_grpo_fidelity.py audits every
+        field)."""
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(
+                f"scale_rewards must be 'group' or 'none' for agent training, got {self.scale_rewards!r}: outcome "
+                "advantages are normalised within each task group (Sec. 3.1). Set scale_rewards: group."
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported by the agent "
+                "trainers: they sum the weighted rewards, then normalise within each group. Set "
+                "multi_objective_aggregation: sum_then_normalize."
+            )
+        if self.mask_truncated_completions:
+            raise ValueError(
+                "mask_truncated_completions=True is not supported by the agent trainers: a turn cut off at "
+                "max_completion_length has already acted on the environment, and its trajectory's reward depends on "
+                "it. Set mask_truncated_completions: false (raise max_completion_length if responses are cut off)."
+            )
+        if self.pad_to_multiple_of is not None:
+            raise ValueError(
+                f"pad_to_multiple_of={self.pad_to_multiple_of} is not supported by the agent trainers: their "
+                "micro-batches are repacked and stripped of padding. Leave pad_to_multiple_of unset."
+            )
+        if self.chat_template_kwargs:
+            raise ValueError(
+                "chat_template_kwargs is not passed to the agent loop's chat template, whose prompts must match the "
+                "SFT warm start's and taspo-eval's. Leave chat_template_kwargs unset (or give the tokenizer a chat "
+                "template with those settings built in)."
+            )
+        if self.use_transformers_continuous_batching and not self.use_vllm:
+            raise ValueError(
+                "use_transformers_continuous_batching (or use_transformers_paged) is not supported by the agent "
+                "loop, which generates with transformers' generate to record each sampled token's log-prob. Set "
+                "use_transformers_continuous_batching: false, or use_vllm: true for TRL's vLLM generation."
+            )
 
 
 def _check_vllm_available() -> None:
