@@ -218,7 +218,8 @@ def test_webshop_alignment_needs_the_target_to_have_seen_the_product(webshop_gro
     quotes = {s.statement.split(" (")[0]: s.target_quote for s in align(group, 3, items).accepted}
     assert quotes.pop("Search with the instruction's words for the product, as the successful search did: "
                       f'"{group[0].turns[0].action}".') == group[3].turns[0].action
-    assert sorted(quotes) == sorted(f'On the product page, select the option "{v}"' for v in goal["goal_options"].values())
+    options = goal["goal_options"].values()
+    assert sorted(quotes) == sorted(f'On the product page, select the option "{v}"' for v in options)
     assert set(quotes.values()) == {goal["instruction_text"]}
     assert targets[0] and targets[1]  # each success is supported by the other one
 

@@ -224,10 +224,12 @@ def test_generation_settings_reach_transformers_generate(tmp_path, tiny_model_di
     dataset = Dataset.from_list(rows)
 
     def trainer(**overrides) -> AgentGRPOTrainer:
-        config = AgentGRPOConfig(**cpu_trainer_kwargs(tmp_path / str(len(overrides)), max_completion_length=6, **overrides))
+        values = cpu_trainer_kwargs(tmp_path / "_".join(overrides), max_completion_length=6, **overrides)
+        config = AgentGRPOConfig(**values)
         return AgentGRPOTrainer(model=tiny_model_dir, args=config, train_dataset=dataset, env_factory=locker_factory)
 
-    greedy, nucleus, short = trainer(temperature=0.0), trainer(min_p=1.0, top_k=0), trainer(generation_kwargs={"max_new_tokens": 2})
+    greedy, nucleus = trainer(temperature=0.0), trainer(min_p=1.0, top_k=0)
+    short = trainer(generation_kwargs={"max_new_tokens": 2})
     try:
         expected = _first_responses(greedy, rows)
         for seed in (1, 2):

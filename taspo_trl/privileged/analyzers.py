@@ -595,7 +595,7 @@ class _WebShopRules:
         words = [re.findall(r"[\w'-]+", _webshop_command(q)[1]) for q in queries]
         shared = [w for w in dict.fromkeys(words[0]) if all(w in other for other in words[1:])]
         if len(set(queries)) == 1:
-            return f'Search with the instruction\'s words for the product, as the successful search did: "{queries[0]}".'
+            return f"Search with the instruction's words for the product, as the successful search did: \"{queries[0]}\"."
         listed = ", ".join(f'"{q}"' for q in dict.fromkeys(queries))
         common = f"; they share the words {', '.join(shared)}" if shared else ""
         return f"Search with the instruction's words for the product, as the successful searches did: {listed}{common}."
@@ -652,7 +652,10 @@ class _SearchQARules:
                     names = [text.lower()]
                 else:
                     following = chain[k + 1].command[1]
-                    statement = f'Search for "{query}" first: its results lead to the next search, "{following}" ("{step.action}").'
+                    statement = (
+                        f'Search for "{query}" first: its results lead to the next search, "{following}" '
+                        f'("{step.action}").'
+                    )
                     names = sorted(_words(following) - question)
                 key = ("search", tuple(sorted(_words(query))))
                 _add(candidates, key, "requirement", statement).support(step.trajectory_id, [step.reference(names)])
@@ -660,7 +663,8 @@ class _SearchQARules:
                 qa, qb = a.command[1], b.command[1]
                 statement = f'Search for "{qa}" before you search for "{qb}" ("{a.action}", then "{b.action}").'
                 key = ("ordering", tuple(sorted(_words(qa))), tuple(sorted(_words(qb))))
-                _add(candidates, key, "ordering", statement).support(a.trajectory_id, [a.reference([]), b.reference([])])
+                refs = [a.reference([]), b.reference([])]
+                _add(candidates, key, "ordering", statement).support(a.trajectory_id, refs)
             statement, refs = f'Answer "{text}" ("{answer.action}").', [answer.reference([])]
             if found is not None:
                 sentence = next((s for s in _sentences(found.post) if _holds(s, text)), "")[:_QUOTE_CHARS].strip()

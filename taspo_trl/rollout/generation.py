@@ -205,7 +205,9 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
     args = trainer.args
     # TRL's transformers generation settings; its `generation_kwargs` override the others, as in TRL.
     extra = {
-        "min_p": args.min_p, "repetition_penalty": args.repetition_penalty, "cache_implementation": args.cache_implementation
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "cache_implementation": args.cache_implementation,
     }
     extra = {key: value for key, value in extra.items() if value is not None} | dict(args.generation_kwargs or {})
     return TransformersGenerator(
