@@ -20,7 +20,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -273,14 +273,16 @@ class _Step:
         """A citation of this step: the action, and the observation after it (or, when only the one before
         names the step's things, that one; a product id shows on the results page, not on the product's page)."""
         names = list(names)
-        post, pre = _naming_quote(self.post, names), _naming_quote(self.pre, names)
-        if post or not pre:
-            post = post or _quote(self.post, names)
-        quote = {"post_observation_quote": post} if post else {"pre_observation_quote": pre or _quote(self.pre, names)}
+        post = _naming_quote(self.post, names)
+        pre = "" if post else _naming_quote(self.pre, names)
+        if not (post or pre):
+            post = _quote(self.post, names)
+            pre = "" if post else _quote(self.pre, names)
+        quote = {"post_observation_quote": post} if post else {"pre_observation_quote": pre}
         return {"trajectory_id": self.trajectory_id, "step": self.step, "action_quote": self.action, **quote}
 
 
-def _effective_steps(success: dict[str, Any], parse: Any, failed: str) -> list[_Step]:
+def _effective_steps(success: dict[str, Any], parse: Callable[[str], Any], failed: str) -> list[_Step]:
     """The steps of ``success`` whose action ``parse`` understands and whose answer does not start ``failed``."""
     steps = []
     for raw in success["steps"]:
@@ -313,10 +315,10 @@ class _Candidate:
         }
 
 
-Candidates = dict[tuple, _Candidate]
+_Candidates = dict[tuple, _Candidate]
 
 
-def _add(candidates: Candidates, key: tuple, kind: str, statement: str) -> _Candidate:
+def _add(candidates: _Candidates, key: tuple, kind: str, statement: str) -> _Candidate:
     return candidates.setdefault(key, _Candidate(kind, statement, len(candidates)))
 
 
@@ -399,7 +401,7 @@ class _ALFWorldRules:
     An item's anchors are the objects and receptacles its source actions name."""
 
     def extract(self, task: str, successes: list[dict[str, Any]]) -> list[_Candidate]:
-        candidates: Candidates = {}
+        candidates: _Candidates = {}
         reversed_pairs: set[tuple] = set()
         for success in successes:
             steps = _effective_steps(success, parse_command, _FAILED)
@@ -423,14 +425,14 @@ class _ALFWorldRules:
         return any(_mentions(task, entity_type(name)) for name in command.entities)
 
     @staticmethod
-    def _requirement(candidates: Candidates, step: _Step) -> None:
+    def _requirement(candidates: _Candidates, step: _Step) -> None:
         c = step.command
         statement = f'Required: {_phrase(c)} ("{step.action}").'
         key = ("requirement", c.verb, entity_type(c.obj), entity_type(c.rec))
         _add(candidates, key, "requirement", statement).support(step.trajectory_id, [step.reference(c.entities)])
 
     @staticmethod
-    def _preconditions(candidates: Candidates, step: _Step, steps: list[_Step]) -> None:
+    def _preconditions(candidates: _Candidates, step: _Step, steps: list[_Step]) -> None:
         """The latest "go to R" (and "open R" after it) before a key action on receptacle R."""
         c = step.command
         target = c.rec
@@ -449,7 +451,7 @@ class _ALFWorldRules:
             _add(candidates, key, "precondition", statement).support(step.trajectory_id, refs)
 
     @staticmethod
-    def _orderings(candidates: Candidates, reversed_pairs: set[tuple], keys: list[_Step]) -> None:
+    def _orderings(candidates: _Candidates, reversed_pairs: set[tuple], keys: list[_Step]) -> None:
         firsts: dict[tuple, _Step] = {}
         for step in keys:
             firsts.setdefault((step.command.verb, entity_type(step.command.obj), entity_type(step.command.rec)), step)
@@ -495,7 +497,7 @@ class _WebShopRules:
     what its pages showed. Searches and buttons anchor nothing (every episode starts at the search page)."""
 
     def extract(self, task: str, successes: list[dict[str, Any]]) -> list[_Candidate]:
-        candidates: Candidates = {}
+        candidates: _Candidates = {}
         queries: dict[int, str] = {}
         for success in successes:
             path = self._purchase_path(_effective_steps(success, _webshop_command, _WEBSHOP_INVALID))
@@ -524,7 +526,7 @@ class _WebShopRules:
                 _add(candidates, ("option", value), "requirement", statement).support(
                     step.trajectory_id, [step.reference([value])]
                 )
-            after = f", after selecting {', '.join(repr(v) for v in values)}" if values else ""
+            after = ", after selecting " + ", ".join(f'"{v}"' for v in values) if values else ""
             statement = f'Click "buy now" only on the page of {asin.upper()}{after} ("{buy.action}").'
             refs = [product.reference([asin]), buy.reference([])]
             _add(candidates, ("buy", asin, tuple(values)), "precondition", statement).support(buy.trajectory_id, refs)
@@ -634,7 +636,7 @@ class _SearchQARules:
     anchoring in its records: each item applies, quoting the target's own search or answer."""
 
     def extract(self, task: str, successes: list[dict[str, Any]]) -> list[_Candidate]:
-        candidates: Candidates = {}
+        candidates: _Candidates = {}
         question = _words(task)
         for success in successes:
             steps = _effective_steps(success, _search_qa_command, _SEARCH_QA_INVALID)
