@@ -47,20 +47,21 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
     if method == "grpo":
         return ["turn_balanced_loss: true"]
     if method == "taspo":
-        # The rule-based analyzer reads ALFWorld commands; elsewhere a successful sibling's trajectory is the PI
-        # unless an LLM analyzer is configured (analyzer: openai, the paper's setting).
-        source = "aligned" if env == "alfworld" else "nearest_success"
+        # The rule-based analyzer reads ALFWorld, WebShop and Search-QA, so every benchmark runs the paper's
+        # aligned PI offline; the paper's own analyzer is an LLM (analyzer: openai).
         return [
             "turn_balanced_loss: true",
             "analyzer: rule  # paper: analyzer: openai + analyzer_base_url / analyzer_model (DeepSeek or local vLLM)",
-            f"pi_source: {source}",
+            "pi_source: aligned",
             "c_delta: 2.0", "tau: 0.5", "eps_w: 0.4", "pi_token_budget: 256", "allocation_unit: action",
         ]
     if method == "alignopsd":
+        # On WebShop the paper also requires the same operation and the identical click target of a match.
+        exact = ["exact_action_match: true  # same operation (search/click) and click target"] if env == "webshop" else []
         return [
             "turn_balanced_loss: false  # AlignOPSD optimises the token-mean loss",
             f"skill_bank: {bank}", "skill_top_k: 2", "similarity_threshold: 0.7", "source_top_k: 2",
-            "action_threshold: 0.8", "rectification: true", "allocation: adaptive", "credit_temperature: 1.0",
+            "action_threshold: 0.8", *exact, "rectification: true", "allocation: adaptive", "credit_temperature: 1.0",
             "weight_bound: 0.5", "span_min_turns: 1", "span_max_turns: 8",
         ]
     lines = ["turn_balanced_loss: true", f"skill_bank: {bank}", "skill_top_k: 2"]

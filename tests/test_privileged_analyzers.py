@@ -1,5 +1,6 @@
-"""Analyzer backends: the rule-based default on an ALFWorld-like group, the OpenAI-compatible client over real
-HTTP against the replay server, and the local transformers backend."""
+"""Analyzer backends: the rule-based default on an ALFWorld-like group and on real WebShop and Search-QA
+episodes, the OpenAI-compatible client over real HTTP against the replay server, and the local transformers
+backend."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 from analyzer_server import ReplayServer
-from test_privileged_protocol import SOLVE, kitchen_group, make_trajectory
+from test_privileged_protocol import SOLVE, kitchen_group, make_trajectory, make_turn
 
 from taspo_trl.privileged.analyzers import (
     AnalyzerError,
@@ -17,7 +18,9 @@ from taspo_trl.privileged.analyzers import (
     TransformersAnalyzer,
     parse_command,
 )
+from taspo_trl.privileged.builder import build_group_pi
 from taspo_trl.privileged.protocol import (
+    PI_HEADER,
     alignment_messages,
     alignment_payload,
     exclude_target_only,
@@ -27,6 +30,7 @@ from taspo_trl.privileged.protocol import (
     validate_alignment,
     validate_extraction,
 )
+from taspo_trl.rollout.records import Trajectory
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -131,6 +135,158 @@ def test_rule_based_alignment_keeps_only_target_applicable_items():
 def test_rule_based_rejects_non_protocol_messages():
     with pytest.raises(AnalyzerError):
         RuleBasedAnalyzer().complete(MESSAGES)
+
+
+def played(env, actions: list[str]) -> Trajectory:
+    """A trajectory of the real environment ``env`` playing ``actions`` (until the episode ends)."""
+    intro, turns, result = env.reset(), [], None
+    for action in actions:
+        result = env.step(action)
+        turns.append(make_turn(action, result.observation))
+        if result.done:
+            break
+    return Trajectory(task_spec={}, task=env.task, initial_observation=intro, group=0, env_name=env.env_name,
+                      turns=turns, reward=float(result.reward), won=bool(result.info["won"]))
+
+
+def statements_by_target(group, items) -> list[list[str]]:
+    return [[s.statement for s in align(group, k, items).accepted] for k in range(len(group))]
+
+
+# ----------------------------------------------------------------------------------------------- rule-based: WebShop
+
+
+@pytest.fixture(scope="module")
+def webshop_group():
+    """Four siblings of one embedded WebShop goal: the oracle's purchase; a purchase that first picks the wrong
+    size and looks at the features page; a purchase of the right product without its options; a purchase of
+    another product found with unrelated words."""
+    from taspo_trl.envs.webshop import load_catalog, webshop_env_factory
+
+    catalog = load_catalog(0)
+    goal = catalog.goal("train", 0)
+    asin, options = goal["asin"].lower(), list(goal["goal_options"].values())
+    product = catalog.by_asin[goal["asin"]]
+    wrong_size = next(v for v in product["options"]["size"] if v not in options)
+    search = f"search[{goal['query']} {' '.join(goal['attributes'])}]"
+    oracle = [search, f"click[{asin}]", *[f"click[{v}]" for v in options], "click[buy now]"]
+    detour = [search, f"click[{asin}]", f"click[{wrong_size}]", "click[features]", "click[< prev]",
+              *[f"click[{v}]" for v in options], "click[buy now]"]
+    no_options = [search, f"click[{asin}]", "click[buy now]"]
+    env = webshop_env_factory({"goal_index": 0, "split": "train"})
+    env.reset()
+    env.step("search[wool socks]")
+    listed = [c for c in env.admissible_commands if c[len("click["):-1].upper() in env._page().split(" [SEP] ")]
+    other = next(c for c in listed if c != f"click[{asin}]")
+    elsewhere = ["search[wool socks]", other, "click[buy now]"]
+    group = [played(webshop_env_factory({"goal_index": 0, "split": "train"}), plan)
+             for plan in (oracle, detour, no_options, elsewhere)]
+    return group, goal, product, wrong_size
+
+
+def test_webshop_items_come_from_the_purchase_path(webshop_group):
+    group, goal, product, wrong_size = webshop_group
+    assert [t.won for t in group] == [True, True, False, False]
+    text, result = extract(group)
+    assert not result.rejections and result.accepted
+    assert all(item.support == {0, 1} for item in result.accepted if item.kind != "ordering")
+    statements = {item.kind: [i.statement for i in result.accepted if i.kind == item.kind] for item in result.accepted}
+    requirements = " ".join(statements["requirement"])
+    asin = goal["asin"]
+    assert f"Buy {asin} ({product['Title']})" in requirements and f"click[{asin.lower()}]" in requirements
+    for value in goal["goal_options"].values():
+        assert f'select the option "{value}"' in requirements
+    assert wrong_size not in " ".join(i.statement for i in result.accepted)  # replaced by a later size click
+    assert f"search[{goal['query']}" in requirements
+    assert any(f"only on the page of {asin}" in s for s in statements["precondition"])
+    oracle_path = " -> ".join(f'"{turn.action}"' for turn in group[0].turns)
+    assert f"The click path that bought it: {oracle_path}." in statements["ordering"]
+    # the product is cited where it was listed: on the results page the click came from
+    product_item = next(i for i in result.accepted if i.statement.startswith(f"Buy {asin}"))
+    assert {ref.pre_observation_quote for ref in product_item.evidence} == {asin}
+    assert extract(group)[0] == text  # deterministic
+
+
+def test_webshop_alignment_needs_the_target_to_have_seen_the_product(webshop_group):
+    group, goal, _, _ = webshop_group
+    items = extract(group)[1].accepted
+    targets = statements_by_target(group, items)
+    asin = goal["asin"]
+    # the sibling that bought the right product without its options is told which options to pick
+    assert any(s.startswith(f"Buy {asin}") for s in targets[2])
+    assert all(any(f'"{v}"' in s for s in targets[2]) for v in goal["goal_options"].values())
+    # the sibling that never saw the product gets nothing about it: the search, quoting its own, and the options
+    # its instruction names
+    assert all(asin not in s for s in targets[3])
+    quotes = {s.statement.split(" (")[0]: s.target_quote for s in align(group, 3, items).accepted}
+    assert quotes.pop("Search with the instruction's words for the product, as the successful search did: "
+                      f'"{group[0].turns[0].action}".') == group[3].turns[0].action
+    options = goal["goal_options"].values()
+    assert sorted(quotes) == sorted(f'On the product page, select the option "{v}"' for v in options)
+    assert set(quotes.values()) == {goal["instruction_text"]}
+    assert targets[0] and targets[1]  # each success is supported by the other one
+
+
+# ----------------------------------------------------------------------------------------------- rule-based: Search-QA
+
+
+@pytest.fixture(scope="module")
+def search_group():
+    """Four siblings of one embedded two-hop question: the oracle; the oracle after an unhelpful search; a
+    sibling that answers with the bridge entity after the first hop; one that answers without searching."""
+    from taspo_trl.envs.search import load_embedded_questions, oracle_actions, search_env_factory
+
+    row = next(q for q in load_embedded_questions("train") if q["data_source"] == "embedded_multi")
+    spec = {**row, "retriever": "embedded"}
+    oracle = oracle_actions(spec)
+    first, bridge = row["hops"][0], row["hops"][0]["reveals"]
+    plans = [oracle, ["<search>river city</search>", *oracle], [oracle[0], f"<answer>{bridge}</answer>"],
+             ["<answer>Paris</answer>"]]
+    group = [played(search_env_factory(spec), plan) for plan in plans]
+    return group, row, first
+
+
+def test_search_items_follow_the_hops_to_the_document_holding_the_answer(search_group):
+    group, row, first = search_group
+    assert [t.won for t in group] == [True, True, False, False]
+    text, result = extract(group)
+    assert not result.rejections and result.accepted
+    assert all(item.support == {0, 1} for item in result.accepted)
+    statements = [item.statement for item in result.accepted]
+    hop1, hop2 = (hop["search"] for hop in row["hops"])
+    answer = row["golden_answers"][0]
+    assert f'Search for "{hop1}" first: its results lead to the next search, "{hop2}"' in " ".join(statements)
+    assert f'Search for "{hop2}": its results hold the answer' in " ".join(statements)
+    assert any(s.startswith(f'Search for "{hop1}" before you search for "{hop2}"') for s in statements)
+    assert "river city" not in " ".join(statements)  # the unhelpful search led nowhere
+    fact = next(item for item in result.accepted if "So the answer is" in item.statement)
+    # what was learned: the retrieved document (titled after the second hop) and its sentence naming the answer
+    learned = fact.evidence[0].post_observation_quote
+    assert answer in learned and learned in group[0].turns[1].observation and "Doc " not in learned
+    assert f'retrieved "{hop2}", which says: "{learned}" So the answer is "{answer}"' in fact.statement
+    assert first["reveals"] in next(i for i in result.accepted if i.statement.startswith(f'Search for "{hop1}" first')
+                                    ).evidence[0].post_observation_quote
+    assert extract(group)[0] == text  # deterministic
+
+
+def test_search_guidance_applies_to_every_sibling_quoting_its_own_actions(search_group):
+    group, row, _ = search_group
+    items = extract(group)[1].accepted
+    for k, target in enumerate(group):
+        accepted = align(group, k, items).accepted
+        assert len(accepted) == len(items)
+        own = {turn.action for turn in target.turns} | {target.task}
+        assert all(s.target_quote in own for s in accepted)
+    fact = next(s for s in align(group, 3, items).accepted if "So the answer is" in s.statement)
+    assert fact.target_quote == "<answer>Paris</answer>"
+
+
+def test_pi_on_webshop_and_search_goes_through_the_builder(webshop_group, search_group, embedded_tokenizer):
+    for group in (webshop_group[0], search_group[0]):
+        first = build_group_pi(group, RuleBasedAnalyzer(), embedded_tokenizer)
+        assert first.stats.coverage == 1.0 and not first.stats.rejections
+        assert all(text.startswith(PI_HEADER) and len(embedded_tokenizer.encode(text)) <= 256 for text in first.texts)
+        assert build_group_pi(group, RuleBasedAnalyzer(), embedded_tokenizer).texts == first.texts
 
 
 # ----------------------------------------------------------------------------------------------- OpenAI-compatible

@@ -59,6 +59,79 @@ def test_the_recipe_grid_is_complete():
         assert "distributed_type" in yaml.safe_load(path.read_text())
 
 
+def _recipes(method: str, env: str | None = None) -> list[Path]:
+    chosen = []
+    for path in TRAINING_RECIPES:
+        data = yaml.safe_load(path.read_text())
+        if data["method"] == method and env in (None, data["environment"]):
+            chosen.append(path)
+    return chosen
+
+
+def test_taspo_recipes_run_the_aligned_pi_on_every_benchmark():
+    """TASPO's method, not the Table 2 ablation, on all three benchmarks: the rule-based analyzer reads them all."""
+    recipes = _recipes("taspo")
+    assert {yaml.safe_load(p.read_text())["environment"] for p in recipes} == {"alfworld", "webshop", "search"}
+    for path in recipes:
+        data = yaml.safe_load(path.read_text())
+        assert (data["pi_source"], data["analyzer"]) == ("aligned", "rule"), path.name
+
+
+def test_webshop_alignopsd_recipes_match_only_the_same_operation_and_click_target(encoder):
+    """AlignOPSD on WebShop (every recipe): with the recipe's correspondence settings, a target turn's sources
+    click exactly what it clicks, even where the action embeddings of two different clicks are within the
+    0.8 cosine filter ("small" / "x-small", two product ids); without the exact rule those would match."""
+    from test_privileged_analyzers import played
+
+    from taspo_trl.envs.webshop import load_catalog, webshop_env_factory
+    from taspo_trl.privileged.decisions import embed_group, target_correspondence
+
+    recipes = _recipes("alignopsd", "webshop")
+    assert len(recipes) == 5  # the quickstart, 3 backbones and LoRA
+    settings = {
+        (d["exact_action_match"], d["similarity_threshold"], d["source_top_k"], d["action_threshold"])
+        for d in (yaml.safe_load(p.read_text()) for p in recipes)
+    }
+    assert len(settings) == 1
+    [(exact, threshold, top_k, action_threshold)] = settings
+    assert exact is True
+    assert all("exact_action_match" not in p.read_text() for p in _recipes("alignopsd") if p not in recipes)
+
+    goal = load_catalog(0).goal("train", 0)
+    asin, search = goal["asin"].lower(), f"search[{goal['query']}]"
+    env = webshop_env_factory({"goal_index": 0, "split": "train"})
+    env.reset()
+    env.step(search)
+    other = next(c for c in env.admissible_commands if c[len("click["):-1].upper() in env._page().split(" [SEP] ")
+                 and c != f"click[{asin}]")
+    plans = [
+        [search, f"click[{asin}]", "click[small]", "click[buy now]"],  # the target
+        [search, f"click[{asin}]", "click[x-small]", "click[small]", "click[buy now]"],
+        [search, other, "click[buy now]"],
+    ]
+    group = [played(webshop_env_factory({"goal_index": 0, "split": "train"}), plan) for plan in plans]
+    # The same reasoning for the same decision in every rollout: which product to open, which size to pick.
+    thoughts = {"search": "I search for the product.", "buy now": "Everything is chosen, so I buy it.",
+                "small": "I pick the size.", "x-small": "I pick the size."}
+    for trajectory in group:
+        for turn in trajectory.turns:
+            key = "search" if turn.action.startswith("search[") else turn.action[len("click["):-1]
+            thought = thoughts.get(key, "This listing looks right, so I open it.")
+            turn.response_text = f"<think>{thought}</think><action>{turn.action}</action>"
+    states = embed_group(group, range(3), encoder)
+    kwargs = dict(threshold=threshold, top_k=top_k, action_threshold=action_threshold)
+
+    def sources(exact_action_match: bool) -> list[set[str]]:
+        turns, columns = target_correspondence(group, 0, states, exact_action_match=exact_action_match, **kwargs)
+        return [{group[columns[c][0]].turns[columns[c][1]].action for c in turn.sources} for turn in turns]
+
+    exact_sources, loose_sources = sources(True), sources(False)
+    target_actions = [turn.action for turn in group[0].turns]
+    assert all(found <= {action} for found, action in zip(exact_sources, target_actions, strict=True))
+    assert exact_sources[0] == {search} and exact_sources[1] == {f"click[{asin}]"}
+    assert other in loose_sources[1] and "click[x-small]" in loose_sources[2]  # what the exact rule keeps out
+
+
 @pytest.mark.parametrize("recipe", [p for p in TRAINING_RECIPES if p not in SFT_RECIPES],
                          ids=lambda p: p.relative_to(ROOT / "recipes").as_posix())
 def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
@@ -70,6 +143,10 @@ def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
         assert trainer.args.beta == pytest.approx(float(data["beta"]))
         if data["method"] not in ("grpo", "taspo", "alignopsd"):
             assert trainer.args.baseline == data["method"]
+        if data["method"] == "taspo":
+            assert trainer.args.pi_source == "aligned"
+        if data["method"] == "alignopsd":
+            assert trainer.args.exact_action_match == (data["environment"] == "webshop")
         if data.get("use_peft"):
             assert hasattr(trainer.model, "peft_config")
     finally:

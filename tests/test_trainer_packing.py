@@ -116,3 +116,24 @@ def test_repack_fills_a_short_process_with_placeholder_rows():
     assert torch.equal(second["num_items_in_batch"], batch["num_items_in_batch"])
     widened = repack(halves, torch.tensor([True, False, False, False]), sizes=[2, 1])[0]
     assert widened["prompt_mask"].tolist() == [[1, 1], [0, 1]] and widened["completion_mask"][1].sum() == 0
+
+
+def test_repack_keeps_a_one_column_per_row_tensor_with_its_row():
+    """TRL's sequence-level importance-sampling ratio is one column per row ([B, 1]); repacking moves each value
+    with its row and keeps it one column wide, also next to placeholder rows widened to the real rows' width."""
+    from taspo_trl.trainers.packing import repack
+
+    prompt_mask = torch.tensor([[1, 1], [0, 1], [1, 1], [0, 1]])
+    completion_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]])
+    batch = {
+        "prompt_ids": torch.ones(4, 2, dtype=torch.long), "prompt_mask": prompt_mask,
+        "completion_ids": torch.ones(4, 3, dtype=torch.long), "completion_mask": completion_mask,
+        "advantages": torch.ones(4, 3), "importance_sampling_ratio": torch.tensor([[0.5], [1.5], [2.0], [3.0]]),
+        "num_items_in_batch": torch.tensor(4.0),
+    }
+    halves = [{k: v[:2] if v.ndim else v for k, v in batch.items()}, {k: v[2:] if v.ndim else v for k, v in batch.items()}]
+    first, second = repack(halves, torch.tensor([True, False, True, True]), sizes=[2, 2])
+    # rows by length: 3 (2 tokens) and 2 (4 tokens), then 0 (5 tokens) beside a placeholder widened to 3 columns
+    assert first["importance_sampling_ratio"].tolist() == [[3.0], [2.0]]
+    assert second["completion_ids"].size(1) == 3 and second["importance_sampling_ratio"].shape == (2, 1)
+    assert second["importance_sampling_ratio"][0].item() == 0.5 and second["completion_mask"][1].sum() == 0

@@ -71,6 +71,9 @@ class TransformersGenerator:
         batch_size: sequences per ``generate`` call; ``None`` = all live trajectories at once.
         model_context: a callable returning a context manager that yields the model to generate with
             (TRL's ``unwrap_model_for_generation`` under DeepSpeed/DDP); default uses ``model`` as is.
+        generation_kwargs: further ``generate`` arguments, applied over the ones above as TRL applies its
+            ``generation_kwargs`` (e.g. ``min_p``, ``repetition_penalty``). The log-prob recorder stays: it sees
+            the logits after transformers' logit processors (a repetition penalty), before the sampling warpers.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class TransformersGenerator:
         batch_size: int | None = None,
         stop_token_ids: list[int] | None = None,
         model_context: Callable[[], Any] | None = None,
+        generation_kwargs: dict[str, Any] | None = None,
     ):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {temperature}.")
@@ -100,6 +104,7 @@ class TransformersGenerator:
         self.stop_token_ids = eos
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         self.model_context = model_context or (lambda: nullcontext(self.model))
+        self.generation_kwargs = dict(generation_kwargs or {})
 
     def __call__(self, prompts: list[list[int]]) -> list[Generation]:
         if not prompts:
@@ -127,14 +132,18 @@ class TransformersGenerator:
         greedy = self.temperature == 0
         recorder = _SampledLogProbRecorder(1.0 if greedy else self.temperature, width)
         sampling = {} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        settings = {
+            "do_sample": not greedy,
+            **sampling,
+            "max_new_tokens": self.max_new_tokens,
+            "eos_token_id": self.stop_token_ids,
+            "pad_token_id": self.pad_token_id,
+            **self.generation_kwargs,
+        }
         sequences = model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention_mask.to(device),
-            do_sample=not greedy,
-            **sampling,
-            max_new_tokens=self.max_new_tokens,
-            eos_token_id=self.stop_token_ids,
-            pad_token_id=self.pad_token_id,
+            **settings,
             logits_processor=LogitsProcessorList([recorder]),
         )
         if not isinstance(sequences, torch.Tensor):
@@ -194,6 +203,13 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
     from trl.models.utils import unwrap_model_for_generation
 
     args = trainer.args
+    # TRL's transformers generation settings; its `generation_kwargs` override the others, as in TRL.
+    extra = {
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "cache_implementation": args.cache_implementation,
+    }
+    extra = {key: value for key, value in extra.items() if value is not None} | dict(args.generation_kwargs or {})
     return TransformersGenerator(
         trainer.model,
         trainer.processing_class,
@@ -209,4 +225,5 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         ),
+        generation_kwargs=extra,
     )

@@ -43,8 +43,9 @@ class PlannedGenerator:
         for k, prompt in zip(live, prompts):
             ids = self.tokenizer(self.response_text(self.plans[k][self.calls]), add_special_tokens=False)["input_ids"]
             ids = ids + [self.tokenizer.eos_token_id]
-            with torch.no_grad():
-                logits = self.model(torch.tensor([prompt + ids], device=device)).logits[0, len(prompt) - 1 : -1]
+            with torch.no_grad():  # only the logits that predict the response: the LM head dominates otherwise
+                sequence = torch.tensor([prompt + ids], device=device)
+                logits = self.model(sequence, logits_to_keep=len(ids) + 1).logits[0, :-1]
             logprobs = torch.log_softmax(logits.float() / self.temperature, -1)
             out.append(Generation(ids, logprobs.gather(1, torch.tensor(ids, device=device)[:, None]).squeeze(1).tolist(), True))
         self.calls += 1

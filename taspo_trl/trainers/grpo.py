@@ -94,6 +94,12 @@ class AgentGRPOConfig(GRPOConfig):
         log_turns (`bool`, defaults to `False`):
             Append one JSON line per turn (task, action, observation, advantage) to `<output_dir>/turns.jsonl`
             every step. TRL's `log_completions` shows one row per trajectory with its per-turn advantages.
+
+    TRL's own fields keep TRL's meaning (the vLLM importance-sampling modes and bounds, sampling settings such as
+    `min_p`, `repetition_penalty` and `generation_kwargs`, the loss settings). The few the agent loop cannot
+    reproduce are refused with the fix in the message: `multi_objective_aggregation="normalize_then_sum"`,
+    `scale_rewards="batch"`, `mask_truncated_completions=True`, `pad_to_multiple_of`, `chat_template_kwargs`, and
+    transformers continuous batching.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -120,10 +126,48 @@ class AgentGRPOConfig(GRPOConfig):
                 f"turn_balanced_loss=True (Eq. 7) needs loss_type='dapo', got {self.loss_type!r}. "
                 "Set loss_type: dapo, or turn_balanced_loss: false to use TRL's own normalisation."
             )
-        if self.scale_rewards not in ("group", "none"):
-            raise ValueError(f"scale_rewards must be 'group' or 'none' for agent training, got {self.scale_rewards!r}.")
+        self._refuse_trl_settings_the_agent_loop_ignores()
         if self.use_vllm:
             _check_vllm_available()
+
+    def _refuse_trl_settings_the_agent_loop_ignores(self) -> None:
+        """`AgentGRPOTrainer._generate_and_score_completions` replaces TRL's; a `GRPOConfig` setting it does not
+        reproduce is refused here rather than silently ignored (tests/test_trainer_grpo_fidelity.py audits every
+        field)."""
+        if self.scale_rewards not in ("group", "none"):
+            raise ValueError(
+                f"scale_rewards must be 'group' or 'none' for agent training, got {self.scale_rewards!r}: outcome "
+                "advantages are normalised within each task group (Sec. 3.1). Set scale_rewards: group."
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation!r} is not supported by the agent "
+                "trainers: they sum the weighted rewards, then normalise within each group. Set "
+                "multi_objective_aggregation: sum_then_normalize."
+            )
+        if self.mask_truncated_completions:
+            raise ValueError(
+                "mask_truncated_completions=True is not supported by the agent trainers: a turn cut off at "
+                "max_completion_length has already acted on the environment, and its trajectory's reward depends on "
+                "it. Set mask_truncated_completions: false (raise max_completion_length if responses are cut off)."
+            )
+        if self.pad_to_multiple_of is not None:
+            raise ValueError(
+                f"pad_to_multiple_of={self.pad_to_multiple_of} is not supported by the agent trainers: their "
+                "micro-batches are repacked and stripped of padding. Leave pad_to_multiple_of unset."
+            )
+        if self.chat_template_kwargs:
+            raise ValueError(
+                "chat_template_kwargs is not passed to the agent loop's chat template, whose prompts must match the "
+                "SFT warm start's and taspo-eval's. Leave chat_template_kwargs unset (or give the tokenizer a chat "
+                "template with those settings built in)."
+            )
+        if self.use_transformers_continuous_batching and not self.use_vllm:
+            raise ValueError(
+                "use_transformers_continuous_batching (or use_transformers_paged) is not supported by the agent "
+                "loop, which generates with transformers' generate to record each sampled token's log-prob. Set "
+                "use_transformers_continuous_batching: false, or use_vllm: true for TRL's vLLM generation."
+            )
 
 
 def _check_vllm_available() -> None:
@@ -542,10 +586,13 @@ class AgentGRPOTrainer(GRPOTrainer):
                     self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size
                 )
             if self.use_vllm and self.vllm_importance_sampling_correction:
-                mask = completion_mask * env_mask
-                diff = torch.nan_to_num((batch["old_per_token_logps"] - sampling_logps) * mask, nan=0.0)
-                batch["importance_sampling_ratio"] = torch.exp(diff).clamp(
-                    max=self.vllm_importance_sampling_clip_max or float("inf")
+                batch["importance_sampling_ratio"] = vllm_importance_sampling_ratio(
+                    batch["old_per_token_logps"],
+                    sampling_logps,
+                    completion_mask * env_mask,
+                    self.vllm_importance_sampling_mode,
+                    self.vllm_importance_sampling_clip_min,
+                    self.vllm_importance_sampling_clip_max,
                 )
             if self.beta != 0.0:
                 batch["ref_per_token_logps"] = self._reference_logps(input_ids, attention_mask, logits_to_keep, batch_size)
@@ -623,6 +670,40 @@ def _dropout_is_active(model: torch.nn.Module) -> bool:
         )
         for module in model.modules()
     )
+
+
+VLLM_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def vllm_importance_sampling_ratio(
+    old_logps: torch.Tensor,
+    sampling_logps: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None = None,
+    clip_max: float | None = None,
+) -> torch.Tensor:
+    """TRL's correction for the gap between the sampler (vLLM) and the trained model, ``pi_old / pi_sampler``,
+    with the semantics of TRL 1.16's ``vllm_importance_sampling_mode``.
+
+    ``token_*`` modes give one ratio per token ([B, T]); ``sequence_*`` modes one per row ([B, 1]), the product
+    of the row's token ratios (in the ``turn`` layout a row is one turn, in ``sequence`` one trajectory).
+    ``*_truncate`` clamps the ratio into [``clip_min``, ``clip_max``]; ``*_mask`` sets a ratio outside that
+    range to 0, so the token or row does not train. A bound that is None does not bound. Positions outside
+    ``mask`` (prompt padding, environment tokens) and tokens the sampler could not score (NaN) contribute a log
+    ratio of 0.
+    """
+    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {VLLM_IMPORTANCE_SAMPLING_MODES}, got {mode!r}.")
+    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    ratio = log_ratio.exp()
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=clip_min, max=clip_max)
+    low = float("-inf") if clip_min is None else clip_min
+    high = float("inf") if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:

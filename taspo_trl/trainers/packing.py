@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
-"""Left-padded, prompt-aligned tensors; every other 2-D tensor of a micro-batch is completion-aligned."""
+"""Left-padded, prompt-aligned tensors; every other 2-D tensor of a micro-batch is completion-aligned, or holds
+one column per row (the sequence-level importance-sampling ratio), which slicing from column 0 leaves whole."""
 
 Batch = dict[str, Any]
 
@@ -78,17 +79,17 @@ def placeholder(batch: Batch) -> Batch:
     return row
 
 
-def _widen(batch: Batch, prompt_width: int, completion_width: int) -> Batch:
-    """``batch`` zero-padded to the given widths (prompts on the left, completions on the right); the zeros
-    are neither attended nor in the loss mask."""
+def _widen(batch: Batch, like: Batch) -> Batch:
+    """``batch`` zero-padded to the widths of the same tensors in ``like`` (prompts on the left, completions on
+    the right); the zeros are neither attended nor in the loss mask. Widths are taken tensor by tensor because
+    not every 2-D tensor is completion-wide: the sequence-level importance-sampling ratio is one column per row."""
     out = {}
     for key, value in batch.items():
-        if key in PROMPT_KEYS:
-            out[key] = torch.nn.functional.pad(value, (prompt_width - value.size(1), 0))
-        elif _per_row(value) and value.ndim == 2:
-            out[key] = torch.nn.functional.pad(value, (0, completion_width - value.size(1)))
-        else:
+        if not (_per_row(value) and value.ndim == 2):
             out[key] = value
+            continue
+        missing = like[key].size(1) - value.size(1)
+        out[key] = torch.nn.functional.pad(value, (missing, 0) if key in PROMPT_KEYS else (0, missing))
     return out
 
 
@@ -121,7 +122,7 @@ def repack(micro_batches: list[Batch], keep: torch.Tensor, sizes: list[int]) -> 
             continue
         batch = trim_padding(select_rows(merged, chunk))
         if chunk.numel() < size:
-            widened = _widen(filler, batch["prompt_ids"].size(1), batch["completion_ids"].size(1))
+            widened = _widen(filler, batch)
             batch = merge([batch] + [widened] * (size - chunk.numel()))
         out.append(batch)
     return out

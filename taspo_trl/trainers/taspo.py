@@ -47,9 +47,9 @@ class TASPOConfig(AgentGRPOConfig):
             (Table 4's token-level ablation: each action token gets its own weight, other tokens 1).
         pi_source (`str`, defaults to `"aligned"`): PI construction (Table 2): `"aligned"`, `"nearest_success"`,
             `"random_success"` or `"generic_skill"` (needs a `skill_lookup` passed to the trainer).
-        analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline), `"openai"` (any
-            OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's setting) or
-            `"transformers"` (a local model, `analyzer_model`).
+        analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline; ALFWorld, WebShop and
+            Search-QA), `"openai"` (any OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's
+            setting) or `"transformers"` (a local model, `analyzer_model`).
         analyzer_model (`str` or `None`): model name for `"openai"`, path or id for `"transformers"`.
         analyzer_base_url (`str` or `None`): endpoint of the OpenAI-compatible server.
         analyzer_api_key_env (`str`, defaults to `"OPENAI_API_KEY"`): environment variable holding the API key.
