@@ -1,4 +1,4 @@
-"""Comparison methods of issue 7 (``taspo_trl.credit.baselines``, ``.distillation``, ``.registry``): hand-computed
+"""Comparison methods (``taspo_trl.credit.baselines``, ``.distillation``, ``.registry``): hand-computed
 worked examples, the degenerate cases that must give GRPO back, the papers' stated properties (hypothesis) and the
 gradient direction of every loss term."""
 

@@ -175,6 +175,7 @@ def sdar_loss(
     endorsed tokens (gate open, Delta > 0) towards pi_T, and lowers it only softly on rejected ones (gate nearly
     closed), as the paper intends ("strengthening distillation on positive-gap tokens, softly attenuating negative
     teacher rejections"). Teacher = the policy itself with retrieved skills in its context (training only).
+    docs/methods.md records this sign choice.
 
     Args:
         coef: lam (paper 0.01). beta: gate sharpness (paper 5).
