@@ -8,6 +8,10 @@ turn limits, layout, prompt and response lengths, task source) carry over and th
 is evaluated under the settings it was trained with. The tasks are fixed (generated or loaded by seed), one
 episode per task, and sampling is seeded per batch, so two evaluations of one checkpoint give the same table.
 
+``--prompt_skill_bank`` shows each task's top-k skills in the policy's prompt at evaluation time, retrieved and
+rendered exactly as training's ``prompt_skill_bank`` does: a Skill-GRPO checkpoint evaluated this way is the
+papers' Skill-GRPO*, the untrained model their Skill-Prompt* (docs/methods.md).
+
 Each split gives one JSON file (``{results_dir}/{environment}_{split}.json``), the format that
 ``taspo-report table`` renders side by side: per task family (ALFWorld) or dataset (Search-QA) or product
 category (WebShop), the success rate, the mean score and the mean number of steps of successful episodes.
@@ -53,6 +57,10 @@ class EvalArguments:
         results_dir (`str`, defaults to `"outputs/eval"`): where the JSON and markdown results go.
         device (`str`, defaults to `"cpu"`): `cpu`, `cuda`, ...
         dtype (`str`, defaults to `"float32"`): model dtype (`bfloat16` on GPUs).
+        prompt_skill_bank (`str` or `None`, defaults to `None`): a SkillBank (`alfworld`, `webshop`, `searchqa`
+            or a JSONL path) whose top-`prompt_skill_top_k` skills for each task are shown in the policy's prompt,
+            as in training with the same field (Skill-GRPO*, Skill-Prompt*). `None`: no skills.
+        prompt_skill_top_k (`int`, defaults to `2`): skills retrieved per task for `prompt_skill_bank`.
     """
 
     model_name_or_path: str = field(default="embedded:smollm2-135m-instruct", metadata={"help": "Model to evaluate."})
@@ -73,6 +81,8 @@ class EvalArguments:
     results_dir: str = field(default="outputs/eval", metadata={"help": "Output folder."})
     device: str = field(default="cpu", metadata={"help": "Device."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype."})
+    prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skills in the policy prompt (Skill-GRPO*)."})
+    prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
 
 
 def summarize(trajectories: list[Any]) -> dict[str, Any]:
@@ -113,12 +123,15 @@ def evaluate_rows(
     import torch
 
     from .envs.base import PromptTemplate
+    from .privileged.skillbank import SkillBank
     from .rollout.chat import ChatFormat
     from .rollout.env_pool import EnvPool
     from .rollout.generation import TransformersGenerator
     from .rollout.loop import run_agent_loop, task_spec_from_row
+    from .trainers.grpo import add_skill_guidance
 
     chat = ChatFormat(tokenizer)
+    skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
     generator = generate or TransformersGenerator(
         model, tokenizer, max_new_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p
     )
@@ -128,10 +141,14 @@ def evaluate_rows(
     try:
         for start in range(0, len(rows), args.eval_batch_size):
             batch = rows[start : start + args.eval_batch_size]
-            torch.manual_seed(args.seed + start)
             began = time.perf_counter()
+            specs = [task_spec_from_row(row) for row in batch]
+            if skills is not None:  # the trainer's own retrieval and rendering, so train and test prompts agree
+                add_skill_guidance(specs, skills, args.prompt_skill_top_k)
+            # Seeded after retrieval: loading the encoder on first use must not shift the sampling stream.
+            torch.manual_seed(args.seed + start)
             trajectories += run_agent_loop(
-                [task_spec_from_row(row) for row in batch],
+                specs,
                 pool,
                 generator,
                 chat,

@@ -1,4 +1,4 @@
-"""Comparison methods of issue 7 (``taspo_trl.credit.baselines``, ``.distillation``, ``.registry``): hand-computed
+"""Comparison methods (``taspo_trl.credit.baselines``, ``.distillation``, ``.registry``): hand-computed
 worked examples, the degenerate cases that must give GRPO back, the papers' stated properties (hypothesis) and the
 gradient direction of every loss term."""
 
@@ -22,8 +22,6 @@ from taspo_trl.credit.baselines import (
     stepopsd_advantages,
 )
 from taspo_trl.credit.distillation import (
-    combine_losses,
-    generalized_jsd,
     importance_weights,
     sampled_reverse_kl,
     sdar_gate,
@@ -311,9 +309,6 @@ def test_losses_vanish_when_teacher_equals_student():
     assert total.item() == 0.0
     total.backward()
     assert torch.equal(s.grad, torch.zeros_like(s))
-    logits = torch.randn(2, 3, 5, dtype=F64)
-    for beta in (0.0, 0.5, 1.0):
-        assert torch.allclose(generalized_jsd(logits, logits, MASK, beta=beta), torch.zeros(2, 3, dtype=F64))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -377,40 +372,6 @@ def test_importance_weights_clip_and_detach():
     assert importance_weights(s, old, clip=None)[0].item() == pytest.approx(math.exp(10.0))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# generalised JSD and GRPO+OPSD
-
-
-def test_generalized_jsd_hand_computed():
-    # student logits [0, 0] -> p = [1/2, 1/2]; teacher logits [ln 3, 0] -> q = [3/4, 1/4]
-    student = torch.tensor([[[0.0, 0.0]]], dtype=F64, requires_grad=True)
-    teacher_logits = torch.tensor([[[math.log(3.0), 0.0]]], dtype=F64)
-    mask = torch.ones(1, 1)
-    # beta = 1: reverse KL(p || q) = 0.5 ln(0.5/0.75) + 0.5 ln(0.5/0.25) = 0.5 ln(4/3) = 0.1438410
-    rev = 0.5 * math.log(4 / 3)
-    assert generalized_jsd(student, teacher_logits, mask, beta=1.0).item() == pytest.approx(rev, abs=1e-12)
-    # beta = 0: forward KL(q || p) = 0.75 ln 1.5 + 0.25 ln 0.5 = 0.1308120
-    fwd = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
-    assert generalized_jsd(student, teacher_logits, mask, beta=0.0).item() == pytest.approx(fwd, abs=1e-12)
-    # beta = 0.5: m = [0.625, 0.375]; KL(q||m) = 0.75 ln 1.2 + 0.25 ln(2/3); KL(p||m) = 0.5 ln 0.8 + 0.5 ln(4/3)
-    jsd = 0.5 * (0.75 * math.log(1.2) + 0.25 * math.log(2 / 3)) + 0.5 * (0.5 * math.log(0.8) + 0.5 * math.log(4 / 3))
-    loss = generalized_jsd(student, teacher_logits, mask, beta=0.5)
-    assert loss.item() == pytest.approx(jsd, abs=1e-12)
-    # gradient direction: a small descent step on the student logits lowers the divergence (moves towards q)
-    loss.sum().backward()
-    assert student.grad[0, 0, 0] < 0 < student.grad[0, 0, 1]
-    stepped = (student - 0.1 * student.grad).detach()
-    assert generalized_jsd(stepped, teacher_logits, mask, beta=0.5).item() < jsd
-
-
-def test_combine_losses():
-    # additive (BASELINES): 1 + 0.1*2 = 1.2; convex (TRL sdpo): 0.75*1 + 0.25*2 = 1.25
-    assert combine_losses(torch.tensor(1.0), torch.tensor(2.0), 0.1).item() == pytest.approx(1.2)
-    assert combine_losses(torch.tensor(1.0), torch.tensor(2.0), 0.25, convex=True).item() == pytest.approx(1.25)
-    with pytest.raises(ValueError):
-        combine_losses(torch.tensor(1.0), torch.tensor(2.0), 1.5, convex=True)
-
-
 def test_losses_are_zero_outside_mask_even_with_nan_teacher():
     s = student_leaf()
     total = sampled_reverse_kl(s, teacher(), MASK) + sdar_loss(s, teacher(), MASK)
@@ -429,7 +390,17 @@ def test_registry_resolves_every_method():
     assert get_loss_term("opd") is sampled_reverse_kl and get_loss_term("opsd") is sampled_reverse_kl
     assert get_loss_term(" SDAR ") is sdar_loss
     assert set(ADVANTAGE_TRANSFORMS) == {"rlsd", "opid", "gigpo", "stepopsd"}
-    assert set(LOSS_TERMS) == {"opsd", "opsd_jsd", "opd", "grpo+opsd", "sdar", "skill_sd"}
+    assert set(LOSS_TERMS) == {"opsd", "opd", "sdar", "skill_sd"}
+
+
+def test_every_registered_method_is_reachable_from_a_config():
+    # A name in the registry that no BaselineConfig selects would be a method users cannot run.
+    from taspo_trl.trainers.baselines import BASELINES, DISTILLATION
+
+    assert set(LOSS_TERMS) <= set(DISTILLATION.values())
+    assert set(ADVANTAGE_TRANSFORMS) <= set(BASELINES)
+    with pytest.raises(ValueError, match="unknown loss term 'opsd_jsd'"):
+        get_loss_term("opsd_jsd")
 
 
 @PROPS
@@ -440,5 +411,5 @@ def test_registry_unknown_name_lists_known(name):
     with pytest.raises(ValueError, match="known: gigpo, opid, rlsd, stepopsd"):
         get_advantage_transform(name)
     if name.strip().lower() not in LOSS_TERMS:
-        with pytest.raises(ValueError, match="known: grpo\\+opsd, opd, opsd, opsd_jsd, sdar, skill_sd"):
+        with pytest.raises(ValueError, match="known: opd, opsd, sdar, skill_sd"):
             get_loss_term(name)

@@ -81,3 +81,49 @@ def test_eval_cli_on_webshop_and_search(tmp_path, tiny_model_dir, capsys, enviro
 def test_eval_rejects_unknown_flags(tiny_model_dir):
     with pytest.raises(SystemExit, match="unknown arguments"):
         eval_main(["--model_name_or_path", tiny_model_dir, "--no_such_flag", "1"])
+
+
+def _skill_bank_file(path: Path) -> Path:
+    """A bank with one skill for every ALFWorld task and one for heating tasks only."""
+    records = [
+        {"id": "any-check", "env": "alfworld", "title": "Check before leaving",
+         "skill": "Look inside every opened receptacle before going elsewhere."},
+        {"id": "heat-microwave", "env": "alfworld", "task_types": ["pick_heat_then_place_in_recep"],
+         "title": "Heat with the microwave", "skill": "Carry the object to microwave 1 and heat it there."},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_prompt_skill_bank_shows_the_task_skills_in_every_eval_prompt(tmp_path, tiny_model_dir, encoder):
+    games = generate_games(tmp_path / "g", per_type=1, seed=0, split="eval_seen",
+                           task_types=["pick_and_place_simple", "pick_heat_then_place_in_recep"])
+    bank = _skill_bank_file(tmp_path / "skills.jsonl")
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    general = "Check before leaving: Look inside every opened receptacle before going elsewhere."
+    heat = "Heat with the microwave: Carry the object to microwave 1 and heat it there."
+
+    def prompts(**skill_args):
+        args = EvalArguments(max_turns=2, max_completion_length=4, eval_batch_size=8, **skill_args)
+        played = evaluate_rows(task_spec_rows(games), model, tokenizer, args, get_env_factory("alfworld"))
+        return {t.task_type: [turn.prompt_text for turn in t.turns] for t in played}
+
+    # top-2 of a bank where only the general skill applies to a pick task: that one alone; a heat task gets both.
+    shown = prompts(prompt_skill_bank=str(bank), prompt_skill_top_k=2)
+    assert shown["pick_and_place_simple"] and shown["pick_heat_then_place_in_recep"]
+    assert all(general in p and heat not in p for p in shown["pick_and_place_simple"])
+    assert all(general in p and heat in p for p in shown["pick_heat_then_place_in_recep"])
+    # Without the flag (Skill-GRPO, not Skill-GRPO*) no prompt carries a skill.
+    plain = prompts()
+    assert all(general not in p and heat not in p for ps in plain.values() for p in ps)
+
+
+def test_prompt_skill_bank_is_a_taspo_eval_flag():
+    from trl import TrlParser
+
+    from taspo_trl.cli import AgentScriptArguments
+
+    _, args = TrlParser((AgentScriptArguments, EvalArguments)).parse_args_and_config(
+        args=["--prompt_skill_bank", "alfworld", "--prompt_skill_top_k", "3"])
+    assert (args.prompt_skill_bank, args.prompt_skill_top_k) == ("alfworld", 3)
+    assert EvalArguments().prompt_skill_bank is None  # off unless asked for

@@ -4,7 +4,7 @@ Paper: "Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Hori
 The extracted paper text lost its formulas; everything below is **this package's reconstruction** of the
 method (Sec. 2.2 "Decision-Aligned Supervision Rectification", Sec. 2.3 "Semi-Markov Hierarchical Credit
 Assignment") from its prose. Every choice the prose leaves open is a parameter, named in the docstring that
-makes it. One small pure function per step, all in float64:
+makes it; docs/methods.md summarises the choices and why. One small pure function per step, all in float64:
 
 Correspondence (Sec. 2.2, "decision-alignment operator"), for one target turn (i, t) and the candidate source
 turns of the OTHER rollouts of the same task (similarities come from a frozen encoder, computed elsewhere):

@@ -299,7 +299,8 @@ def stepopsd_advantages(
     temperature: float = 1.0,
     eps: float = 0.5,
 ) -> torch.Tensor:
-    """StepOPSD token advantages for ONE trajectory. APPROXIMATION: the paper's exact formula is not public.
+    """StepOPSD token advantages for ONE trajectory. APPROXIMATION: the paper's exact formula is not public
+    (docs/methods.md).
 
     What the method's specification states is reproduced: each step segment is rescored under a hindsight teacher, and the token
     gaps become sign-preserving advantage shaping under a per-step credit budget. This package's construction

@@ -21,16 +21,18 @@ reported value differs (TRL's surrogate value has no meaning, ours is the KL est
 equals the student).
 
     sampled_reverse_kl     the estimator above; the OPSD loss (privileged self-teacher frozen at the initial
-                           policy) and the OPD loss (a larger frozen teacher; GKD, 2306.13649) with coef = 1
-    generalized_jsd        GKD's generalised JSD on full distributions (logits), as TRL's ``gkd``/``sdpo``
-    combine_losses         GRPO+OPSD: L_GRPO + lam L_OPSD, or TRL ``sdpo``'s convex (1 - w) L_GRPO + w L_OPSD
+                           policy) and the OPD loss (a larger frozen teacher; GKD, 2306.13649) with coef = 1,
+                           and GRPO+OPSD's term (coef = lam, added to the outcome advantage, ungated)
     sdar_gate / sdar_loss  SDAR (Lu et al., 2605.15155): sigma(beta sg(Delta)) times the reverse KL, lam = 0.01
     skill_sd_loss          Skill-SD (Wang et al., 2604.10674): clipped-IS-weighted reverse KL, lam = 0.1
+
+Not built: OPSD's generalised-JSD variant. A divergence over the full vocabulary has a gradient on every logit,
+not only on the sampled token, so it has no per-token advantage form (``gradient_equivalent_advantages``) and
+would need a loss path of its own holding the teacher's logits (docs/methods.md).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +40,6 @@ import torch
 
 __all__ = [
     "sampled_reverse_kl",
-    "generalized_jsd",
-    "combine_losses",
     "sdar_gate",
     "sdar_loss",
     "gradient_equivalent_advantages",
@@ -86,69 +86,6 @@ def sampled_reverse_kl(
     return coef * torch.where(keep, surrogate, torch.zeros_like(surrogate))
 
 
-def generalized_jsd(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    mask: torch.Tensor,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    coef: float = 1.0,
-) -> torch.Tensor:
-    """Per-token generalised JSD over the full vocabulary (GKD, 2306.13649, Eq. 1), for OPSD/OPD with logits.
-
-    JSD_beta = beta KL(p_T || m) + (1 - beta) KL(p_theta || m), m = beta p_T + (1 - beta) p_theta, summed over
-    the vocabulary; beta = 0 is the forward KL(p_T || p_theta), beta = 1 the reverse KL(p_theta || p_T). This is
-    the convention of TRL's ``GKDTrainer.generalized_jsd_loss`` and of ``sdpo``'s ``distillation_alpha``.
-    The teacher logits are detached (its distribution is the target).
-
-    Args:
-        student_logits: [rows, T, V] (with gradient); teacher_logits: [rows, T, V]; mask: [rows, T].
-        beta: in [0, 1]. temperature: > 0, applied to both logits. coef: loss weight.
-
-    Returns:
-        [rows, T] per-token loss, 0 outside the mask.
-    """
-    if student_logits.shape != teacher_logits.shape or student_logits.shape[:-1] != mask.shape:
-        raise ValueError(
-            f"logits {tuple(student_logits.shape)}, {tuple(teacher_logits.shape)} do not fit mask {tuple(mask.shape)}"
-        )
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta must be in [0, 1], got {beta!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    log_s = torch.log_softmax(student_logits / temperature, dim=-1)
-    log_t = torch.log_softmax(teacher_logits.detach().to(log_s.dtype) / temperature, dim=-1)
-
-    def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
-        return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-    # beta = 0 or 1 would put log(0) into the mixture; the end points are the plain KLs.
-    if beta == 0.0:
-        per_token = kl(log_t, log_s)
-    elif beta == 1.0:
-        per_token = kl(log_s, log_t)
-    else:
-        log_m = torch.logsumexp(torch.stack([log_t + math.log(beta), log_s + math.log1p(-beta)]), dim=0)
-        per_token = beta * kl(log_t, log_m) + (1.0 - beta) * kl(log_s, log_m)
-    return coef * torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
-
-
-def combine_losses(
-    policy_loss: torch.Tensor, distill_loss: torch.Tensor, coef: float, convex: bool = False
-) -> torch.Tensor:
-    """GRPO+OPSD, ungated: L_GRPO + coef L_OPSD (the method's specification), or with ``convex`` TRL ``sdpo``'s blend.
-
-    ``convex=True`` gives (1 - coef) L_GRPO + coef L_OPSD with coef in [0, 1] (``SDPOConfig.distillation_weight``:
-    1 = pure OPSD, 0 = pure GRPO). Works on per-token tensors or aggregated scalars alike. Pass the OPSD term with
-    coef = 1 (``sampled_reverse_kl``) so the weight lives here only.
-    """
-    if convex:
-        if not 0.0 <= coef <= 1.0:
-            raise ValueError(f"a convex coef must be in [0, 1], got {coef!r}")
-        return (1.0 - coef) * policy_loss + coef * distill_loss
-    return policy_loss + coef * distill_loss
-
-
 def sdar_gate(delta: torch.Tensor, beta: float = 5.0) -> torch.Tensor:
     """SDAR's token gate g_t = sigma(beta sg(Delta_t)), Delta_t = log pi_T(y_t) - log pi_theta(y_t).
 
@@ -175,6 +112,7 @@ def sdar_loss(
     endorsed tokens (gate open, Delta > 0) towards pi_T, and lowers it only softly on rejected ones (gate nearly
     closed), as the paper intends ("strengthening distillation on positive-gap tokens, softly attenuating negative
     teacher rejections"). Teacher = the policy itself with retrieved skills in its context (training only).
+    docs/methods.md records this sign choice.
 
     Args:
         coef: lam (paper 0.01). beta: gate sharpness (paper 5).

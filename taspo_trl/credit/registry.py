@@ -1,9 +1,11 @@
 """Name -> function registries of the comparison methods' advantage transforms and loss terms.
 
-The trainer resolves a config string (e.g. ``credit_method="rlsd"``, ``distill_loss="sdar"``) with
-``get_advantage_transform`` / ``get_loss_term``; an unknown name fails early with the list of known names instead
-of deep inside a training step. Names are lower-case method names as in the README's "Comparison methods" ("grpo+opsd" is
-``combine_losses``; OPSD and OPD share the sampled-token reverse-KL estimator and differ only in the teacher).
+``BaselineTrainer`` resolves the loss term of its ``baseline`` (e.g. ``baseline="sdar"``) with ``get_loss_term``;
+``get_advantage_transform`` does the same for the advantage transforms. An unknown name fails early with the list of known names instead
+of deep inside a training step. Names are lower-case method names as in the README's "Comparison methods"; OPSD and
+OPD share the sampled-token reverse-KL estimator and differ only in the teacher (GRPO+OPSD uses OPSD's term with
+its own coefficient). Every name here is reachable from ``BaselineConfig.baseline``; OPSD's generalised-JSD
+variant is not built (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -16,13 +18,7 @@ from taspo_trl.credit.baselines import (
     rlsd_advantages,
     stepopsd_advantages,
 )
-from taspo_trl.credit.distillation import (
-    combine_losses,
-    generalized_jsd,
-    sampled_reverse_kl,
-    sdar_loss,
-    skill_sd_loss,
-)
+from taspo_trl.credit.distillation import sampled_reverse_kl, sdar_loss, skill_sd_loss
 
 __all__ = [
     "ADVANTAGE_TRANSFORMS",
@@ -40,9 +36,7 @@ ADVANTAGE_TRANSFORMS: Mapping[str, Callable] = {
 
 LOSS_TERMS: Mapping[str, Callable] = {
     "opsd": sampled_reverse_kl,
-    "opsd_jsd": generalized_jsd,
     "opd": sampled_reverse_kl,
-    "grpo+opsd": combine_losses,
     "sdar": sdar_loss,
     "skill_sd": skill_sd_loss,
 }

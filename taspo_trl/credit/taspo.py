@@ -20,7 +20,8 @@ log-prob shifts (usually float32) does not matter here.
 Paper disagreement: Table C.3 lists a token-shift threshold kappa = 0.05, while App. A.3 (the
 implementation appendix) says "We apply no small-magnitude filter". ``kappa`` is exposed on the scoring
 functions and defaults to ``None`` (off), following A.3. When set, shifts with |Delta| < kappa count as 0 but
-still count in the action length |M_it| (the average stays over the complete action).
+still count in the action length |M_it| (the average stays over the complete action). docs/methods.md lists
+this and the token-level reconstruction below with the reasons.
 """
 
 from __future__ import annotations
@@ -265,8 +266,8 @@ def taspo_weights(
 # --------------------------------------------------------------------------------------------------------------
 # token-level allocation (Table 4 ablation, allocation_unit="token")
 #
-# The paper gives no formula for its token-level ablation. This package's reconstruction is the direct analogue
-# of Eqs. 4-6 with the token as the unit instead of the action:
+# The paper gives no formula for its token-level ablation (docs/methods.md). This package's reconstruction is
+# the direct analogue of Eqs. 4-6 with the token as the unit instead of the action:
 #   * the scored tokens are the action tokens of scorable turns (same turn-level validity check as A.3, so both
 #     allocation units see the same I_i);
 #   * each scored token's score is its own clipped shift clip(Delta_itk, -c, c) (no averaging over the span);

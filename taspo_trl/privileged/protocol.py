@@ -408,7 +408,8 @@ def validate_alignment(
 
     Only the first ``max_statements`` statements of the answer (G; None = all) are candidates: A.2 composes
     "accepted statements among the first G candidates", so a rejected candidate leaves its place empty rather
-    than letting a later statement in. The statements after them are counted as ``over_statement_limit``.
+    than letting a later statement in (docs/methods.md). The statements after them are counted as
+    ``over_statement_limit``.
     """
     result = Validated()
     # Models often echo the id as a string; anything naming another target is rejected.

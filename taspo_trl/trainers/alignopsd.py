@@ -1,8 +1,9 @@
 """AlignOPSD: decision-aligned supervision rectification and semi-Markov hierarchical credit.
 
 The paper (`Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Horizon Agents`) lost its
-formulas in extraction; this follows the reconstruction in this package's design notes, and every choice the
-prose leaves open is a config field. Only the credit hook differs from the GRPO baseline:
+formulas in extraction; this follows the reconstruction of ``credit/alignopsd.py`` (summarised, with the
+reasons, in docs/methods.md), and every choice the prose leaves open is a config field. Only the credit hook
+differs from the GRPO baseline:
 
 1. privileged information p_x: the top-k SkillBank skills retrieved for the task (shared by the K siblings);
 2. local gap g0 = log pi(y | p, h_it) - log pi(y | h_it) on every response token (privileged pass, no grad);

@@ -71,7 +71,8 @@ _NAMES = {
 @dataclass
 class BaselineConfig(TASPOConfig):
     r"""Configuration of [`BaselineTrainer`]: every field of [`TASPOConfig`] (its PI and analyzer settings build
-    the teachers' privileged context), plus the comparison methods' settings (../BASELINES facts).
+    the teachers' privileged context), plus the comparison methods' settings. docs/methods.md says where each
+    method departs from its paper.
 
     Parameters:
         baseline (`str`, defaults to `"sdar"`): one of `skill_grpo`, `opsd`, `grpo_opsd`, `sdar`, `skill_sd`,

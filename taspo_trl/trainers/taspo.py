@@ -42,7 +42,7 @@ class TASPOConfig(AgentGRPOConfig):
         tau (`float`, defaults to `0.5`): $\tau$, the score temperature of Eq. 5.
         eps_w (`float`, defaults to `0.4`): $\epsilon_w$, the weight range of Eq. 1 / 6 (weights in $[1-\epsilon_w, 1+\epsilon_w]$).
         kappa (`float` or `None`, defaults to `None`): $\kappa$, small-shift threshold. Table C.3 lists 0.05 but
-            A.3 says no small-magnitude filter is applied; off by default, set it to reproduce C.3.
+            A.3 says no small-magnitude filter is applied; off by default (docs/methods.md), set it to reproduce C.3.
         allocation_unit (`str`, defaults to `"action"`): `"action"` (one weight per turn, TASPO) or `"token"`
             (Table 4's token-level ablation: each action token gets its own weight, other tokens 1).
         pi_source (`str`, defaults to `"aligned"`): PI construction (Table 2): `"aligned"`, `"nearest_success"`,
