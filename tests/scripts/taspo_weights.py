@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from accelerate.utils import gather_object
 from datasets import Dataset
 
@@ -52,6 +53,11 @@ def main() -> None:
         flat_pi = [p for part in pi for p in part]
         Path(out).write_text(json.dumps({"processes": accelerator.num_processes, "weights": flat_w, "pi": flat_pi}))
     trainer.close()
+    # Leave together and take gloo down before exit: a rank that exits with the process group alive can abort
+    # in gloo's threads at interpreter shutdown ("terminate called without an active exception").
+    accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
