@@ -96,7 +96,6 @@ class ALFWorldExpert:
         self.holding: str | None = None
         self.placed = 0
         self.queue: list[str] | None = None  # receptacles still to search for the object being fetched
-        self.missed: str | None = None  # the receptacle just searched in vain
 
     def __call__(self, observation: str, admissible: list[str] | None, rng: random.Random) -> tuple[str, str]:
         if self.stage >= len(self.stages):
@@ -139,7 +138,7 @@ class ALFWorldExpert:
         return thought, f"go to {recep}"
 
     def _fetch(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
-        obj = self.kind
+        obj, missed = self.kind, None  # missed: the receptacle just searched in vain
         if self.queue is None:
             self.queue = self._search_order(commands, rng)
         elif self.at is not None and f"open {self.at}" in commands:
@@ -151,21 +150,20 @@ class ALFWorldExpert:
             self.holding = takes[0]["obj"]
             self.stage += 1
             self.queue = None
-            self.missed = None
             return rng.choice((
                 f"Found a {obj} at the {self.at}. I pick up {self.holding}.",
                 f"Found one: the {self.at} has a {obj}, so I take {self.holding}.",
             )), takes[0].group(0)
         else:
-            self.missed = self.at
+            missed = self.at
         self.queue = [r for r in self.queue if r != self.at and f"go to {r}" in commands]
         if not self.queue:
             raise ValueError(f"The expert searched every planned receptacle for a {obj} in vain ({self.goal!r}).")
         recep = self.queue.pop(0)
-        if self.missed is not None:
+        if missed is not None:
             thought = rng.choice((
-                f"No {obj} at the {self.missed}. I will try the {recep} next.",
-                f"No {obj} here at the {self.missed}; the {recep} might have one.",
+                f"No {obj} at the {missed}. I will try the {recep} next.",
+                f"No {obj} here at the {missed}; the {recep} might have one.",
             ))
         elif self.placed:
             thought = rng.choice((
