@@ -11,6 +11,7 @@ import pytest
 
 from taspo_trl.envs import get_env_factory, get_expert_factory
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.alfworld.generator import may_hold
 from taspo_trl.envs.search import search_task_rows
 from taspo_trl.envs.webshop import webshop_task_rows
 from taspo_trl.rollout.demonstrations import demonstration_dataset, expert_demonstrations, play_expert
@@ -138,6 +139,7 @@ def test_alfworld_expert_searches_before_it_finds(alfworld_specs):
     env.reset()
     walkthrough = list(env.walkthrough)
     env.close()
+    kind = next(a.split()[1] for a in walkthrough if a.startswith("take "))
     lengths, saw_miss = set(), False
     for seed in range(12):
         responses, won, _ = play_expert(spec, env_factory, expert, random.Random(seed))
@@ -151,7 +153,18 @@ def test_alfworld_expert_searches_before_it_finds(alfworld_specs):
             assert len(actions) > len(walkthrough)
             assert all(a.startswith(("go to ", "open ")) for a in actions[: len(actions) - len(walkthrough) + 1])
             saw_miss |= any(_BLOCK.match(r)["thought"].startswith("No ") for r in responses)
+            detours = {a[len("go to "):] for a in actions if a.startswith("go to ")} - {
+                a[len("go to "):] for a in walkthrough if a.startswith("go to ")}
+            assert detours and all(may_hold(r, kind) for r in detours), (kind, detours)
     assert min(lengths) == len(walkthrough) and max(lengths) > len(walkthrough) and saw_miss
+
+
+def test_may_hold_knows_how_alfworld_rooms_are_furnished():
+    """Facts about ALFWorld's placements, checked by hand against its object lists."""
+    assert may_hold("fridge 1", "tomato") and may_hold("drawer 12", "cd") and may_hold("bed 1", "pillow")
+    assert may_hold("countertop 2", "apple") and may_hold("sinkbasin 1", "soapbar")
+    assert not may_hold("toilet 1", "apple") and not may_hold("microwave 1", "cd") and not may_hold("bed 1", "egg")
+    assert not may_hold("fridge 1", "unknownthing")
 
 
 def test_injected_mistakes_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):

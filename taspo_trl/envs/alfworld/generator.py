@@ -225,6 +225,27 @@ def _can_contain(receptacle_type: str, object_type: str) -> bool:
     return object_type in constants.VAL_RECEPTACLE_OBJECTS.get(receptacle_type, ())
 
 
+def may_hold(receptacle: str, object_kind: str) -> bool:
+    """Whether ALFWorld ever places an object of ``object_kind`` in ``receptacle``, by their in-game names
+    (``"countertop 1"``, ``"apple"``): the prior a searching agent can learn, since every room follows it."""
+    return _kind_of_name(receptacle) in _holders_by_kind().get(object_kind.lower(), frozenset())
+
+
+def _kind_of_name(name: str) -> str:
+    head, _, tail = name.strip().lower().rpartition(" ")
+    return head if head and tail.isdigit() else name.strip().lower()
+
+
+@cache
+def _holders_by_kind() -> dict[str, frozenset[str]]:
+    constants, _ = _require_alfworld()
+    holders: dict[str, set[str]] = {}
+    for receptacle_type, object_types in constants.VAL_RECEPTACLE_OBJECTS.items():
+        for object_type in object_types:
+            holders.setdefault(object_type.lower(), set()).add(receptacle_type.lower())
+    return {kind: frozenset(types) for kind, types in holders.items()}
+
+
 def _start_receptacle_types(task_type: str, floorplan: FloorPlan, object_type: str, parent: str) -> set[str]:
     """Receptacle types a target object may start in: never its destination, nor the appliance that changes
     its state (as ALFRED's task filters require)."""
