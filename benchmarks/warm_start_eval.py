@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--models", nargs="+", default=["embedded", "embedded:smollm2-135m-alfworld"])
     parser.add_argument("--games-per-type", type=int, default=2, help="eval_unseen games per family")
     parser.add_argument("--eval-turns", type=int, default=20)
-    parser.add_argument("--train-turns", type=int, default=8, help="the quickstart's max_turns")
+    parser.add_argument("--train-turns", type=int, default=12, help="the quickstart's max_turns")
     parser.add_argument("--siblings", type=int, default=4, help="the quickstart's num_generations")
     parser.add_argument("--max-completion-length", type=int, default=48, help="the quickstart's response length")
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")

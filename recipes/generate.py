@@ -91,7 +91,9 @@ def quickstart_env_block(env: str) -> list[str]:
         return [
             "# Environment and tasks: one generated game per task family (6 tasks), generated on first use.",
             "environment: alfworld", "games_dir: outputs/alfworld_games/quickstart", "games_per_type: 1",
-            "games_seed: 0", "games_split: train", "max_turns: 8", "history_window: 1", "max_prompt_tokens: 2048",
+            "games_seed: 0", "games_split: train",
+            "max_turns: 12  # the expert needs 4-8 turns (Pick2 8-12) when it searches; a sampled policy more",
+            "history_window: 1", "max_prompt_tokens: 2048",
         ]
     if env == "webshop":
         return [
@@ -157,6 +159,7 @@ def sft_quickstart(env: str) -> str:
             f"num_train_epochs: {spec.num_train_epochs}", f"learning_rate: {spec.learning_rate}",
             f"per_device_train_batch_size: {spec.per_device_train_batch_size}",
             f"gradient_accumulation_steps: {spec.gradient_accumulation_steps}", f"seed: {spec.seed}",
+            f"frozen_layers: {spec.frozen_layers}  # embeddings and the lowest layers fixed: faster steps on a CPU",
         ]
     else:
         block = quickstart_env_block(env)

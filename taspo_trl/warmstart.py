@@ -65,6 +65,8 @@ class WarmStart:
     """Expert episodes per game (``AgentSFTConfig.demonstrations_per_task``)."""
     mistake_rate: float = 0.0
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
+    frozen_layers: int = 0
+    """Lowest decoder layers kept fixed, with the embeddings (``AgentSFTConfig.frozen_layers``)."""
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -75,13 +77,15 @@ WARM_STARTS: dict[str, WarmStart] = {
         games_seed=0,
         layout="turn",
         history_window=1,
-        num_train_epochs=2,
+        num_train_epochs=3,
         learning_rate=2e-4,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
         demonstrations_per_task=3,
         mistake_rate=0.15,
+        # Half the layers fixed: 1.5x faster steps, which buys the third epoch within the 10-minute build.
+        frozen_layers=15,
     ),
 }
 
@@ -196,6 +200,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         seed=spec.seed,
         demonstrations_per_task=spec.demonstrations_per_task,
         demonstration_mistake_rate=spec.mistake_rate,
+        frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         logging_steps=5,

@@ -38,7 +38,7 @@ _USE = re.compile(r"^use (?P<lamp>.+)$")
 
 MAX_DETOURS = 2
 """Most receptacles the expert searches before the walkthrough's source of an object."""
-DETOUR_WEIGHTS = (0.7, 0.2, 0.1)
+DETOUR_WEIGHTS = (0.2, 0.4, 0.4)
 """Probability of 0, 1 and 2 detours per object fetched."""
 
 _PARTICIPLE = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
