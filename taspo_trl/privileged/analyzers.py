@@ -55,8 +55,8 @@ class Analyzer(Protocol):
 class OpenAICompatibleAnalyzer:
     """An OpenAI-compatible chat-completions endpoint, through the official ``openai`` client.
 
-    ``timeout`` (seconds) and ``max_retries`` go to the client, which retries timeouts, connection errors, 429s
-    and 5xx with backoff. With ``cache_dir`` every answer is stored under a hash of the request (model,
+    ``api_key`` is sent as is (None: no key, for local servers). ``timeout`` (seconds) and ``max_retries`` go
+    to the client, which retries timeouts, connection errors, 429s and 5xx with backoff. With ``cache_dir`` every answer is stored under a hash of the request (model,
     messages, temperature, max_tokens), and a repeated request is answered from disk without contacting the
     server. ``requests`` / ``cache_hits`` / ``failures`` count calls (thread-safe).
     """
@@ -82,13 +82,15 @@ class OpenAICompatibleAnalyzer:
         self.max_tokens = max_tokens
         self.workers = workers
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        # Exactly the key given, never another variable's: that key would go to whatever base_url says.
         # Local servers (vLLM, transformers serve) accept any key, but the client insists on one.
-        key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        key = api_key or "EMPTY"
         self._client = OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
         self._lock = threading.Lock()
         self.requests = 0
         self.cache_hits = 0
         self.failures = 0
+        self._reasked: set[str] = set()  # keys whose empty cached answer this run already asked again
 
     def request_key(self, messages: Messages) -> str:
         """The cache key of a request: SHA-256 of its model, messages and sampling parameters."""
@@ -138,13 +140,30 @@ class OpenAICompatibleAnalyzer:
         return None if self.cache_dir is None else self.cache_dir / key[:2] / f"{key}.json"
 
     def _read_cache(self, key: str) -> str | None:
+        """The cached answer, or None to ask the server (and overwrite the entry).
+
+        A damaged entry or one whose ``"text"`` is not a string is a miss. An empty answer (never written by
+        this class, but left by older versions or other tools) is asked again once per run; if that fails
+        too, later calls in the run raise :class:`AnalyzerError` instead of asking yet again.
+        """
         path = self._cache_path(key)
         if path is None or not path.is_file():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))["text"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None  # a damaged entry is simply asked again and overwritten
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        text = entry.get("text") if isinstance(entry, dict) else None
+        if not isinstance(text, str):
+            return None
+        if text:
+            return text
+        with self._lock:
+            if key not in self._reasked:
+                self._reasked.add(key)
+                return None
+        self._bump("failures")
+        raise AnalyzerError(f"the cached analyzer answer {path} is empty, and asking again in this run failed")
 
     def _write_cache(self, key: str, text: str) -> None:
         path = self._cache_path(key)

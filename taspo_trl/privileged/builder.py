@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .analyzers import Analyzer
+from .analyzers import Analyzer, AnalyzerError
 from .protocol import (
     DEFAULT_CHAR_BUDGET,
     DEFAULT_MAX_ITEMS,
@@ -228,6 +228,8 @@ def _call(analyzer: Analyzer, messages: list[dict[str, str]], stats: PIStats, wh
     start = time.perf_counter()
     try:
         text = analyzer.complete(messages)
+        if not isinstance(text, str):  # e.g. a custom analyzer, or a cache another tool wrote
+            raise AnalyzerError(f"the analyzer answered with a {type(text).__name__}, not text")
     # The trainer must never die on an analyzer: the target just gets no PI.
     except Exception as error:  # noqa: BLE001
         stats.analyzer_errors += 1

@@ -52,7 +52,8 @@ class TASPOConfig(AgentGRPOConfig):
             setting) or `"transformers"` (a local model, `analyzer_model`).
         analyzer_model (`str` or `None`): model name for `"openai"`, path or id for `"transformers"`.
         analyzer_base_url (`str` or `None`): endpoint of the OpenAI-compatible server.
-        analyzer_api_key_env (`str`, defaults to `"OPENAI_API_KEY"`): environment variable holding the API key.
+        analyzer_api_key_env (`str`, defaults to `"OPENAI_API_KEY"`): environment variable holding the API key;
+            for `"openai"` it must be set (`""`: the server needs no key, e.g. a local vLLM).
         analyzer_max_tokens (`int`, defaults to `4096`): analyzer output limit (C.3).
         analyzer_workers (`int`, defaults to `4`): concurrent analyzer requests (C.3).
         analyzer_timeout (`float`, defaults to `60.0`): seconds per analyzer request.
@@ -98,6 +99,11 @@ class TASPOConfig(AgentGRPOConfig):
             raise ValueError(
                 "analyzer='openai' needs analyzer_base_url (e.g. https://api.deepseek.com or "
                 "http://127.0.0.1:8000/v1) and analyzer_model."
+            )
+        if self.analyzer == "openai" and self.analyzer_api_key_env and not os.environ.get(self.analyzer_api_key_env):
+            raise ValueError(
+                f"analyzer='openai' reads its API key from ${self.analyzer_api_key_env}, which is not set: export "
+                "it, or set analyzer_api_key_env to '' for a server that needs no key (vLLM, transformers serve)."
             )
         if self.analyzer == "transformers" and not self.analyzer_model:
             raise ValueError("analyzer='transformers' needs analyzer_model (a local path or model id).")

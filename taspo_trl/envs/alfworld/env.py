@@ -3,6 +3,10 @@
 Plays our generated games and the official ALFWorld ones (``$ALFWORLD_DATA/json_2.1.1/...``) alike: TextWorld's
 ``PddlEnv`` runs the PDDL problem and ALFWorld's ``AlfredDemangler`` names things as ALFWorld prints them
 ("apple 1", "sinkbasin 1"). ``alfworld`` and ``textworld`` are optional dependencies, imported on first use.
+
+The engine is kept from leaking into the process: ``sys.argv`` is put back after every engine call (Fast
+Downward's translator sets it to ``['translate.py', 'domain', 'task']``). Commands are matched to the
+admissible ones modulo whitespace and case.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,20 +42,82 @@ def _require_engine():
     return textworld.EnvInfos, PddlEnv, AlfredDemangler
 
 
+class _ArgvKeeper:
+    """A context that puts back ``sys.argv`` (the very list object) once the engine code inside it is done.
+
+    Fast Downward's translator rebinds ``sys.argv`` for its option parser, and code that reads arguments
+    after an environment exists (a user's script, argparse) would see those. Calls from several threads
+    overlap safely: the list is put back when the last of them ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._argv: list[str] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                self._argv = sys.argv
+            self._inside += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                sys.argv = self._argv
+
+
+_KEEP_ARGV = _ArgvKeeper()
+
+
+class _Engine:
+    """TextWorld's environment, with ``sys.argv`` kept around every call; other attributes pass through."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def reset(self) -> Any:
+        with _KEEP_ARGV:
+            return self._engine.reset()
+
+    def step(self, command: str) -> Any:
+        with _KEEP_ARGV:
+            return self._engine.step(command)
+
+    def close(self) -> None:
+        with _KEEP_ARGV:
+            self._engine.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
 def open_engine(game: Mapping[str, Any], with_plan: bool = False) -> Any:
     """Load game data (a ``.tw-pddl`` dict) into a demangled ``PddlEnv``; ``with_plan`` also asks Fast
     Downward for ``policy_commands``. Raises ``KeyError`` from deep inside TextWorld for unsolvable problems."""
     EnvInfos, PddlEnv, AlfredDemangler = _require_engine()
     infos = EnvInfos(admissible_commands=True, won=True, policy_commands=with_plan)
-    try:
-        pddl_env = PddlEnv(infos)
-    except ImportError as error:  # textworld installed without its [pddl] extra (Fast Downward)
-        raise ImportError(
-            f"ALFWorld environments need Fast Downward from `textworld[pddl]`: {_INSTALL_HINT}"
-        ) from error
-    engine = AlfredDemangler(pddl_env, shuffle=False)
-    engine.load(dict(game))
-    return engine
+    with _KEEP_ARGV:
+        try:
+            pddl_env = PddlEnv(infos)
+        except ImportError as error:  # textworld installed without its [pddl] extra (Fast Downward)
+            raise ImportError(
+                f"ALFWorld environments need Fast Downward from `textworld[pddl]`: {_INSTALL_HINT}"
+            ) from error
+        engine = AlfredDemangler(pddl_env, shuffle=False)
+        engine.load(dict(game))
+    # The demangler names an object without a numeric suffix "desk " (name, space, empty number), so its
+    # commands would read "go to desk " and PddlEnv, which strips the command it is given, would match none.
+    for info in engine._entity_infos.values():
+        if isinstance(info.name, str):
+            info.name = info.name.strip()
+    return _Engine(engine)
+
+
+def _normalize_command(command: str) -> str:
+    """A command as compared with the admissible ones: single spaces, no outer whitespace, lowercase."""
+    return " ".join(command.split()).lower()
 
 
 def read_game_file(game_file: str | Path) -> dict[str, Any]:
@@ -125,8 +193,8 @@ class ALFWorldEnv:
     """One episode of an ALFWorld game, following :class:`taspo_trl.envs.base.AgentEnv`.
 
     Reward is 1.0 on the step that wins, else 0.0. The episode ends when the game is won or after
-    ``max_turns`` steps (``info["truncated"]``). Any command is accepted: one the game does not know gets its
-    normal answer, "Nothing happens.".
+    ``max_turns`` steps (``info["truncated"]``). Any command is accepted: one that equals an admissible command
+    modulo whitespace and case plays it, one the game does not know gets its normal answer, "Nothing happens.".
     """
 
     action_tag = "action"
@@ -191,6 +259,8 @@ class ALFWorldEnv:
         if self._done:
             return StepResult(self._last_observation, 0.0, True, self._info(truncated=not self._won))
         command = action if isinstance(action, str) else ""
+        wanted = _normalize_command(command)
+        command = next((c for c in self._admissible if _normalize_command(c) == wanted), command)
         state, _, _ = self._engine.step(command)
         self._turns += 1
         self._won = bool(state["won"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from taspo_trl.jsonl import read_json_objects
+
+logger = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
 
@@ -95,7 +98,8 @@ class BM25Retriever:
     """A ``bm25s`` index over a JSON-lines corpus (the embedded one by default).
 
     The index is built once per corpus content and cached under ``cache_root()/search/bm25-<hash>``; the cache
-    directory appears through an atomic rename, so concurrent builders never see a half-written index.
+    directory appears through an atomic rename, so concurrent builders never see a half-written index. A cached
+    index that cannot be loaded (a damaged file, another corpus's documents) is rebuilt with a warning.
     """
 
     def __init__(self, corpus_path: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
@@ -113,9 +117,33 @@ class BM25Retriever:
         self.index_dir = root / f"bm25-{digest}"
         if not (self.index_dir / "params.index.json").is_file():
             self._build(root)
-        self._index = bm25s.BM25.load(str(self.index_dir), show_progress=False)
+        try:
+            self._index = self._load()
+        except Exception as error:  # noqa: BLE001 - the index is derived data: whatever is wrong with it, rebuild
+            logger.warning("the bm25 index %s is unusable (%s: %s); rebuilding it", self.index_dir, type(error).__name__, error)
+            self._discard(root)
+            self._build(root)
+            self._index = self._load()
         # bm25s's scorer is not documented as thread-safe; the threaded server shares one retriever.
         self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        import bm25s
+
+        index = bm25s.BM25.load(str(self.index_dir), show_progress=False)
+        if index.scores.get("num_docs") != len(self.documents):  # it would answer with ids past the corpus
+            raise ValueError(f"it indexes {index.scores.get('num_docs')} documents, the corpus has {len(self.documents)}")
+        return index
+
+    def _discard(self, root: Path) -> None:
+        # Renamed away first, so no other process loads it half-deleted.
+        trash = Path(tempfile.mkdtemp(prefix=".bm25-stale-", dir=root))
+        try:
+            os.rename(self.index_dir, trash / "index")
+        except FileNotFoundError:
+            pass  # another process discarded it already
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
 
     def _build(self, root: Path) -> None:
         import bm25s

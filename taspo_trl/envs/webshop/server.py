@@ -15,19 +15,30 @@ like a minimal browser: it reads a page's clickables the way WebShop's text envi
 The session id ends in ``fixed_<goal_index>``, which makes the app serve that goal. The score is read from the
 done page's ``#reward`` element. Only the standard library is used; every request has a timeout, and any
 network or parsing failure ends the episode with an error observation instead of raising.
+
+Pages come from a server the adapter does not control, so it only follows ``http``/``https`` links and
+redirects to the configured origin (scheme, host, port): a ``file:``, ``data:`` or ``ftp:`` link or another
+host would otherwise put local files or forged pages into observations and logs. Such a link ends the episode
+with a logged error. A page over ``MAX_PAGE_BYTES`` ends it too; an unknown charset is read as UTF-8 (as
+browsers fall back), and parsing is linear in the page size, whatever the nesting.
 """
 
 from __future__ import annotations
 
+import html as html_lib
 import http.client
+import logging
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from html.parser import HTMLParser
+from collections.abc import Callable
+from typing import Any
 
 from .env import BUY_NOW, SEP, SiteError, WebShopEpisode
+
+logger = logging.getLogger(__name__)
 
 MAX_PAGE_BYTES = 5_000_000
 _SKIPPED_TAGS = frozenset({"script", "style", "head", "title", "iframe", "template"})
@@ -35,23 +46,37 @@ _VOID_TAGS = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "inpu
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
-class _Page(HTMLParser):
-    """The visible texts and the clickables of one WebShop HTML page."""
+class _Page:
+    """The visible texts and the clickables of one WebShop HTML page, fed by :func:`_parse`."""
 
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.texts: list[tuple[str, bool]] = []  # (text, inside the instruction block)
         self.clickables: dict[str, tuple[str, str, str | None]] = {}  # name -> (method, url, option group)
         self.radios: dict[str, tuple[str, str, str | None]] = {}
         self.search_action: str | None = None
         self.reward_texts: list[str] = []
         self._stack: list[tuple[str, str]] = []  # (tag, role) of open non-void elements
+        # Open-element counts per role and stack positions per tag, so that a hostile page nested thousands
+        # deep costs O(1) per tag instead of a scan of the stack (the scan made parsing quadratic).
+        self._open_roles: dict[str, int] = {}
+        self._positions: dict[str, list[int]] = {}
         self._form: tuple[str, str] | None = None
         self._capture: list[str] | None = None
         self._capture_target: tuple[str, str, str | None] | None = None
 
     def _inside(self, role: str) -> bool:
-        return any(r == role for _, r in self._stack)
+        return self._open_roles.get(role, 0) > 0
+
+    def _push(self, tag: str, role: str) -> None:
+        self._positions.setdefault(tag, []).append(len(self._stack))
+        self._open_roles[role] = self._open_roles.get(role, 0) + 1
+        self._stack.append((tag, role))
+
+    def _pop(self) -> str:
+        tag, role = self._stack.pop()
+        self._positions[tag].pop()
+        self._open_roles[role] -= 1
+        return role
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = {k: v or "" for k, v in attrs}
@@ -82,22 +107,22 @@ class _Page(HTMLParser):
             self._capture_target = ("get", attributes.get("href", ""), None)
         if role == "clickable":
             self._capture = []
-        self._stack.append((tag, role))
+        self._push(tag, role)
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "form":
             self._form = None
-        # Close the innermost open element of this name; WebShop's templates have a few mismatched tags.
-        for i in range(len(self._stack) - 1, -1, -1):
-            if self._stack[i][0] == tag:
-                closed = self._stack[i:]
-                del self._stack[i:]
-                if any(role == "clickable" for _, role in closed) and self._capture is not None:
-                    name = " ".join(" ".join(self._capture).split()).lower()
-                    if name and self._capture_target is not None:
-                        self.clickables.setdefault(name, self._capture_target)
-                    self._capture, self._capture_target = None, None
-                return
+        # Close the innermost open element of this name, and everything opened inside it; WebShop's templates
+        # have a few mismatched tags. Each element is popped once, so this is amortised O(1).
+        positions = self._positions.get(tag)
+        if not positions:
+            return
+        closed_roles = {self._pop() for _ in range(len(self._stack) - positions[-1])}
+        if "clickable" in closed_roles and self._capture is not None:
+            name = " ".join(" ".join(self._capture).split()).lower()
+            if name and self._capture_target is not None:
+                self.clickables.setdefault(name, self._capture_target)
+            self._capture, self._capture_target = None, None
 
     def handle_data(self, data: str) -> None:
         text = " ".join(data.split())
@@ -110,11 +135,130 @@ class _Page(HTMLParser):
         self.texts.append((text, self._inside("instruction")))
 
 
+# Where markup starts; any other "<" is text. Comments first, so "<!--" is not read as "<!".
+_MARKUP = re.compile(r"<(?:!--|[!?]|/?[a-zA-Z])")
+_TAG_NAME = re.compile(r"[a-zA-Z][^\s/>]*")
+# Inside a tag, a quote opens a value only right after "=" (HTML's rule; "it's" in an unquoted value is text).
+_TAG_STOP = re.compile(r"""=\s*(["'])|>""")
+# Every alternative succeeds once started (an unclosed quote runs to the end of the tag), so no attribute
+# costs a second scan.
+_ATTRIBUTE = re.compile(r"""([^\s/>="']+)(?:\s*=\s*("[^"]*"?|'[^']*'?|[^\s>]*))?|\S""")
+_RAW_TEXT_END = {name: re.compile(rf"</{name}", re.IGNORECASE) for name in ("script", "style")}
+
+
+def _tag_end(text: str, start: int) -> int:
+    """The index just past the ``>`` that closes the tag whose attributes start at ``start``; -1 at EOF."""
+    position = start
+    while (stop := _TAG_STOP.search(text, position)) is not None:
+        if stop.group(1) is None:
+            return stop.end()
+        close = text.find(stop.group(1), stop.end())
+        if close < 0:
+            return -1
+        position = close + 1
+    return -1
+
+
+def _attributes(body: str) -> list[tuple[str, str | None]]:
+    attributes = []
+    for match in _ATTRIBUTE.finditer(body):
+        name, value = match.groups()
+        if name is None:  # a stray "/", "=" or quote
+            continue
+        if value and value[0] in "\"'":
+            value = value[1:-1] if len(value) > 1 and value[-1] == value[0] else value[1:]
+        attributes.append((name.lower(), None if value is None else html_lib.unescape(value)))
+    return attributes
+
+
 def _parse(html: str) -> _Page:
-    page = _Page()
-    page.feed(html)
-    page.close()
+    """Read a page in one pass, linear in its length whatever it holds.
+
+    A small tokenizer instead of ``html.parser``: the standard library's parser rescans the rest of the
+    page for every unfinished construct (``"</"``, ``"<a"``, ``"<!--x>"`` repeated), quadratic on a hostile
+    page. As in HTML, an unclosed comment or tag runs to the end of the page; ``script``/``style`` hold raw
+    text up to their end tag.
+    """
+    page, position, size = _Page(), 0, len(html)
+    while position < size:
+        markup = _MARKUP.search(html, position)
+        start = markup.start() if markup else size
+        if start > position:
+            page.handle_data(html_lib.unescape(html[position:start]))
+        if markup is None:
+            break
+        token = markup.group()
+        if token == "<!--":
+            end = html.find("-->", markup.end())
+            position = size if end < 0 else end + 3
+            continue
+        if token in ("<!", "<?"):  # doctype, processing instruction, CDATA: not part of the page's text
+            end = html.find(">", markup.end())
+            position = size if end < 0 else end + 1
+            continue
+        name = _TAG_NAME.match(html, markup.end() - 1)
+        end = _tag_end(html, name.end())
+        if end < 0:
+            break
+        tag = name.group().lower()
+        if token.startswith("</"):
+            page.handle_endtag(tag)
+            position = end
+            continue
+        page.handle_starttag(tag, _attributes(html[name.end() : end - 1]))
+        position = end
+        if tag in _RAW_TEXT_END:
+            close = _RAW_TEXT_END[tag].search(html, end)
+            position = size if close is None else close.start()
+            page.handle_data(html[end:position])
     return page
+
+
+def _decode(body: bytes, charset: str | None) -> str:
+    """The page's text; a charset Python does not know, or one that is not a text encoding, reads as UTF-8."""
+    try:
+        return body.decode(charset or "utf-8", "replace")
+    except (LookupError, UnicodeError):  # e.g. "x-bogus"; "base64" is known but not text; "idna" rejects "replace"
+        return body.decode("utf-8", "replace")
+
+
+def _origin(url: str) -> tuple[str, str, int] | None:
+    """``(scheme, host, port)`` of an http(s) URL; None for any other scheme or an unparsable URL."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return scheme, parts.hostname, port or (443 if scheme == "https" else 80)
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only through ``allow`` (which raises :class:`SiteError` for another origin)."""
+
+    def __init__(self, allow: Callable[[str], str]) -> None:
+        self._allow = allow
+
+    def http_error_302(self, req, fp, code, msg, headers):  # noqa: ANN001, ANN201 - urllib's handler signature
+        # Checked before urllib's own scheme filter, so a file: or data: redirect gets the same clear refusal.
+        target = headers.get("location") or headers.get("uri")
+        if target is not None:
+            self._check(urllib.parse.urljoin(req.full_url, target.strip()), fp)
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201
+        return super().redirect_request(req, fp, code, msg, headers, self._check(newurl, fp))
+
+    def _check(self, url: str, response: Any) -> str:
+        try:
+            return self._allow(url)
+        except SiteError:
+            response.close()
+            raise
 
 
 class WebShopServerEnv(WebShopEpisode):
@@ -123,9 +267,17 @@ class WebShopServerEnv(WebShopEpisode):
     def __init__(self, url: str, goal_index: int, max_turns: int = 15, timeout: float = 10.0,
                  instruction: str = "", task_type: str = "webshop", session_prefix: str = "taspo") -> None:
         super().__init__(instruction, task_type, max_turns)
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"WebShop url must start with http:// or https://, got {url!r}")
+        if not isinstance(url, str) or _origin(url) is None:
+            raise ValueError(f"WebShop url must be an http:// or https:// URL with a host, got {url!r}")
         self.url = url.rstrip("/")
+        self._origin = _origin(url)
+        self._netloc = urllib.parse.urlsplit(url).netloc
+        # Only http(s) handlers: urlopen's defaults would also open file:, data: and ftp: URLs.
+        self._opener = urllib.request.OpenerDirector()
+        for handler in (urllib.request.ProxyHandler(), urllib.request.UnknownHandler(), urllib.request.HTTPHandler(),
+                        urllib.request.HTTPSHandler(), urllib.request.HTTPDefaultErrorHandler(),
+                        _SameOriginRedirects(self._same_origin), urllib.request.HTTPErrorProcessor()):
+            self._opener.add_handler(handler)
         self.goal_index = int(goal_index)
         self.timeout = timeout
         # The app picks goal N for any session id containing "fixed" whose last "_" part is N.
@@ -134,19 +286,33 @@ class WebShopServerEnv(WebShopEpisode):
         self._current_url = ""
         self._chosen: dict[str, str] = {}
 
+    def _same_origin(self, url: str) -> str:
+        """``url`` rebuilt on the configured host and port, or :class:`SiteError` when it leads elsewhere.
+
+        The request goes to the configured netloc, not to the link's spelling of it, so no difference between
+        this check's URL parser and urllib's can send it to another host.
+        """
+        if _origin(url) != self._origin:
+            logger.warning("WebShop: refused %.200r (only %s is followed); the episode ends", url, self.url)
+            raise SiteError(f"refused to open {url[:200]!r}: only http(s) pages of {self.url} are followed")
+        parts = urllib.parse.urlsplit(url)
+        return urllib.parse.urlunsplit((parts.scheme.lower(), self._netloc, parts.path, parts.query, ""))
+
     def _fetch(self, url: str, form: dict[str, str] | None = None) -> _Page:
-        absolute = urllib.parse.urljoin(self._current_url or self.url + "/", url)
+        absolute = self._same_origin(urllib.parse.urljoin(self._current_url or self.url + "/", url.strip()))
         data = urllib.parse.urlencode(form).encode() if form is not None else None
         request = urllib.request.Request(absolute, data=data, method="POST" if data is not None else "GET")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                charset = response.headers.get_content_charset() or "utf-8"
-                html = response.read(MAX_PAGE_BYTES).decode(charset, "replace")
+            with self._opener.open(request, timeout=self.timeout) as response:
+                body = response.read(MAX_PAGE_BYTES + 1)
+                html = _decode(body, response.headers.get_content_charset())
                 final_url = response.geturl()
         except urllib.error.HTTPError as error:
             raise SiteError(f"the server answered HTTP {error.code} for {absolute}") from error
         except (OSError, http.client.HTTPException, ValueError) as error:
             raise SiteError(f"could not reach the WebShop server at {self.url} ({error})") from error
+        if len(body) > MAX_PAGE_BYTES:  # a truncated page would silently lose its tail (its buttons, its score)
+            raise SiteError(f"the page at {absolute} is larger than {MAX_PAGE_BYTES} bytes")
         self._current_url = final_url
         return _parse(html)
 
