@@ -24,6 +24,9 @@ METHODS = ("grpo", "taspo", "alignopsd", "skill_grpo", "opsd", "grpo_opsd", "sda
 CORE_METHODS = ("grpo", "taspo", "alignopsd")
 SKILL_BANKS = {"alfworld": "alfworld", "webshop": "webshop", "search": "searchqa"}
 
+# The paper runs its analyzer with reasoning off (TASPO Table C.3); quoted, since YAML reads a bare off as false.
+ANALYZER_REASONING = 'analyzer_reasoning: "off"  # the request field: analyzer_reasoning_param (DeepSeek: thinking)'
+
 METHOD_TITLES = {
     "grpo": "GRPO (outcome advantage on every token)",
     "taspo": "TASPO (analyzer-aligned privileged credit)",
@@ -32,10 +35,10 @@ METHOD_TITLES = {
     "opsd": "OPSD (on-policy self-distillation from the skill-conditioned initial policy, no reward)",
     "grpo_opsd": "GRPO+OPSD (GRPO plus an ungated self-distillation term)",
     "sdar": "SDAR (GRPO plus sigmoid-gated self-distillation, lambda 0.01, beta 5)",
-    "skill_sd": "Skill-SD (GRPO plus importance-weighted reverse KL to a teacher on the agent's own successes)",
+    "skill_sd": "Skill-SD (GRPO plus importance-weighted reverse KL to a teacher given skills from the agent's successes)",
     "opd": "OPD (reverse KL to a larger frozen teacher, no reward)",
     "rlsd": "RLSD (reward sets the sign, the skill-conditioned teacher the size; lambda 0.5 decayed over 50 steps)",
-    "opid": "OPID (outcome advantage plus 0.001 x the analyzer-guidance gap)",
+    "opid": "OPID (outcome advantage plus 0.001 x the episode-guidance and step-skill gaps)",
     "gigpo": "GiGPO (episode advantage plus anchor-state step advantage, gamma 0.95)",
     "stepopsd": "StepOPSD (approximation: hindsight-teacher gaps as a per-step credit budget)",
 }
@@ -52,6 +55,7 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
         return [
             "turn_balanced_loss: true",
             "analyzer: rule  # paper: analyzer: openai + analyzer_base_url / analyzer_model (DeepSeek or local vLLM)",
+            ANALYZER_REASONING,
             "pi_source: aligned",
             "c_delta: 2.0", "tau: 0.5", "eps_w: 0.4", "pi_token_budget: 256", "allocation_unit: action",
         ]
@@ -65,13 +69,18 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
             "weight_bound: 0.5", "span_min_turns: 1", "span_max_turns: 8",
         ]
     lines = ["turn_balanced_loss: true", f"skill_bank: {bank}", "skill_top_k: 2"]
-    if method in ("opid", "stepopsd", "skill_sd"):
-        lines.append("analyzer: rule  # OPID's guidance comes from the analyzer backend (openai for the paper)")
+    if method in ("opid", "skill_sd"):
+        written = "OPID's guidance and step skills" if method == "opid" else "Skill-SD's skills"
+        lines += [f"analyzer: rule  # {written} come from the analyzer backend (openai for an LLM)", ANALYZER_REASONING]
     extra = {
         "opsd": ["distill_coef: 1.0", "teacher_policy: initial"],
         "grpo_opsd": ["distill_coef: 0.1", "teacher_policy: initial"],
         "sdar": ["distill_coef: 0.01", "sdar_beta: 5.0"],
-        "skill_sd": ["distill_coef: 0.1", "skill_sd_is_clip: 2.0"],
+        "skill_sd": [
+            "distill_coef: 0.1", "skill_sd_is_clip: 2.0",
+            "pi_source: success_skills  # skills the analyzer summarises from the group's other successes",
+            "teacher_sync_steps: 10  # the teacher: a frozen copy of the policy, refreshed every 10 steps",
+        ],
         "opd": [
             "distill_coef: 1.0",
             "teacher_model_name_or_path: "
@@ -79,7 +88,7 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
                if cpu else "Qwen/Qwen2.5-7B-Instruct  # Table 5: a larger frozen teacher, same tokenizer"),
         ],
         "rlsd": ["rlsd_lambda: 0.5", "rlsd_decay_steps: 50", "rlsd_clip: 0.2"],
-        "opid": ["opid_episode_weight: 0.001", "opid_step_weight: 0.001"],
+        "opid": ["pi_source: aligned", "opid_episode_weight: 0.001", "opid_step_weight: 0.001", "opid_max_step_skills: 5"],
         "gigpo": ["gigpo_omega: 1.0", "gigpo_gamma: 0.95", "gigpo_norm: mean"],
         "stepopsd": ["stepopsd_temperature: 1.0", "stepopsd_bound: 0.5"],
     }

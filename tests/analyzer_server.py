@@ -8,6 +8,7 @@ Run as a process (``python tests/analyzer_server.py``): it binds 127.0.0.1 on a 
   "delay": seconds}``; a rule replays its responses in order, then repeats the last one. The first rule whose
   ``match`` occurs in the request's message text answers; no match is answered with HTTP 500.
 - ``GET /_stats`` -> ``{"requests": n, "by_rule": [n_0, n_1, ...]}`` (chat requests received, timed out or not).
+- ``GET /_bodies`` -> ``{"bodies": [...]}``: the JSON body of every chat request since the last script, in order.
 - ``GET /health``; ``POST /v1/chat/completions``.
 
 Error answers carry ``retry-after-ms: 10`` so the client's retries stay fast. ``ReplayServer`` starts and
@@ -31,15 +32,18 @@ class _State:
         self.lock = threading.Lock()
         self.rules: list[dict[str, Any]] = []
         self.by_rule: list[int] = []
+        self.bodies: list[dict[str, Any]] = []
         self.requests = 0
 
     def script(self, rules: list[dict[str, Any]]) -> None:
         with self.lock:
-            self.rules, self.by_rule, self.requests = rules, [0] * len(rules), 0
+            self.rules, self.by_rule, self.bodies, self.requests = rules, [0] * len(rules), [], 0
 
-    def pick(self, text: str) -> dict[str, Any] | None:
+    def pick(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
         with self.lock:
             self.requests += 1
+            self.bodies.append(body)
             for index, rule in enumerate(self.rules):
                 if rule["match"] in text:
                     served = self.by_rule[index]
@@ -76,6 +80,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/_stats":
             with STATE.lock:
                 self._reply(200, {"requests": STATE.requests, "by_rule": list(STATE.by_rule)})
+        elif self.path == "/_bodies":
+            with STATE.lock:
+                self._reply(200, {"bodies": list(STATE.bodies)})
         else:
             self._reply(404, {"error": {"message": "not found"}})
 
@@ -90,8 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, {"error": {"message": "not found"}})
 
     def _complete(self, body: dict[str, Any]) -> None:
-        text = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
-        response = STATE.pick(text)
+        response = STATE.pick(body)
         if response is None:
             response = {"status": 500, "content": "no scripted response"}
         time.sleep(response.get("delay", 0))
@@ -142,6 +148,9 @@ class ReplayServer:
 
     def stats(self) -> dict[str, Any]:
         return self._call("/_stats")
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return self._call("/_bodies")["bodies"]
 
     def close(self) -> None:
         self._process.terminate()

@@ -27,6 +27,7 @@ from taspo_trl.credit.distillation import (
     sdar_gate,
     sdar_loss,
     skill_sd_loss,
+    teacher_version,
 )
 from taspo_trl.credit.grpo import grpo_outcome_advantages
 from taspo_trl.credit.registry import (
@@ -413,3 +414,26 @@ def test_registry_unknown_name_lists_known(name):
     if name.strip().lower() not in LOSS_TERMS:
         with pytest.raises(ValueError, match="known: opd, opsd, sdar, skill_sd"):
             get_loss_term(name)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the periodically synchronised self-teacher (Skill-SD)
+
+
+def test_teacher_version_by_hand():
+    # Every 3 steps: the copy taken at 0 serves steps 0-2, the one taken at 3 serves 3-5, and so on.
+    assert [teacher_version(s, 3) for s in range(8)] == [0, 0, 0, 3, 3, 3, 6, 6]
+    assert [teacher_version(s, 1) for s in range(4)] == [0, 1, 2, 3]  # every step: the rollout snapshot
+    assert [teacher_version(s, 0) for s in range(4)] == [0, 0, 0, 0]  # never refreshed: the initial policy
+    with pytest.raises(ValueError, match="sync_steps"):
+        teacher_version(4, -1)
+    with pytest.raises(ValueError, match="step"):
+        teacher_version(-1, 2)
+
+
+@PROPS
+@given(st.integers(0, 10_000), st.integers(1, 500))
+def test_teacher_version_is_the_last_refresh_at_or_before_the_step(step, period):
+    version = teacher_version(step, period)
+    assert version % period == 0 and version <= step < version + period
+    assert teacher_version(version, period) == version  # a refresh step holds its own policy

@@ -4,6 +4,7 @@ and nothing a user installs or reads points to a document outside the repo."""
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,4 +52,26 @@ def test_every_code_location_cited_in_the_methods_page_exists():
     cited = set(re.findall(r"`((?:credit|privileged|trainers|rollout)/\w+\.py|evaluation\.py)`", text))
     assert len(cited) >= 8
     missing = [path for path in cited if not (ROOT / "taspo_trl" / path).is_file()]
+    assert not missing, missing
+
+
+def test_methods_page_marks_no_baseline_part_as_missing():
+    """OPID's step skills, Skill-SD's summarised skills and periodic teacher, and the analyzer's reasoning-off
+    setting are built: no row says otherwise, and their rows name the settings that run them."""
+    text = METHODS.read_text(encoding="utf-8")
+    assert "not built yet" not in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "opid_max_step_skills" in rows["OPID"] and "Δ_step" in rows["OPID"]
+    assert "teacher_sync_steps" in rows["Skill-SD"] and "success_skills" in rows["Skill-SD"]
+    assert "analyzer_reasoning" in rows["Analyzer reasoning mode"]
+
+
+def test_config_fields_cited_in_the_methods_page_exist():
+    from taspo_trl.evaluation import EvalArguments
+    from taspo_trl.trainers import AlignOPSDConfig, BaselineConfig, TASPOConfig
+
+    classes = {c.__name__: c for c in (TASPOConfig, AlignOPSDConfig, BaselineConfig, EvalArguments)}
+    cited = re.findall(r"`(\w+Config|EvalArguments)\.(\w+)`", METHODS.read_text(encoding="utf-8"))
+    assert len(cited) >= 5
+    missing = [f"{cls}.{name}" for cls, name in cited if name not in {f.name for f in fields(classes[cls])}]
     assert not missing, missing

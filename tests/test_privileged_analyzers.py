@@ -8,6 +8,7 @@ import json
 
 import pytest
 from analyzer_server import ReplayServer
+from cpu_config import cpu_trainer_kwargs
 from test_privileged_protocol import SOLVE, kitchen_group, make_trajectory, make_turn
 
 from taspo_trl.privileged.analyzers import (
@@ -17,6 +18,7 @@ from taspo_trl.privileged.analyzers import (
     RuleBasedAnalyzer,
     TransformersAnalyzer,
     parse_command,
+    reasoning_request_fields,
 )
 from taspo_trl.privileged.builder import build_group_pi
 from taspo_trl.privileged.protocol import (
@@ -27,10 +29,14 @@ from taspo_trl.privileged.protocol import (
     extraction_messages,
     extraction_payload,
     parse_json_object,
+    step_skill_messages,
+    step_skill_payload,
     validate_alignment,
     validate_extraction,
+    validate_step_skills,
 )
 from taspo_trl.rollout.records import Trajectory
+from taspo_trl.trainers.taspo import TASPOConfig, make_analyzer
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -130,6 +136,36 @@ def test_rule_based_alignment_keeps_only_target_applicable_items():
     assert any("clean" in s.statement for s in skipped_cleaning.accepted)
     target_actions = {turn.action for turn in group[4].turns}
     assert all(s.target_quote in target_actions for s in skipped_cleaning.accepted)
+
+
+def step_skills(group, target_id, items, max_step_skills=5):
+    allowed = exclude_target_only(items, target_id)
+    payload = step_skill_payload(target_id, group[target_id], allowed, max_step_skills=max_step_skills)
+    text = RuleBasedAnalyzer().complete(step_skill_messages(payload))
+    ids = [i.id for i in allowed]
+    return text, validate_step_skills(parse_json_object(text), target_id, group[target_id], ids, max_step_skills)
+
+
+def test_rule_based_step_skills_are_applicable_items_tied_to_the_targets_steps():
+    """OPID's step skills from the rule-based analyzer: items that apply to the target, each at the target's step
+    that takes one of the item's source actions (the precondition "go to fridge 1" at the target's own "go to
+    fridge 1", not at the later put)."""
+    group = kitchen_group()
+    items = extract(group)[1].accepted
+    text, result = step_skills(group, 4, items)
+    assert not result.rejections
+    by_step = {s.step: s.skill for s in result.accepted}
+    assert sorted(by_step) == [0, 1, 2, 3, 4]  # five skills, one at each of its five steps
+    assert by_step[2].startswith("Go to the fridge before you put the apple") and "go to fridge 1" in by_step[2]
+    assert by_step[3].startswith("Open the fridge before you put the apple")
+    assert by_step[0].startswith("Go to the countertop before you take the apple")
+    assert "take apple 1 from countertop 1" in by_step[1] and "move apple 1 to fridge 1" in by_step[4]
+    applicable = {s.statement for s in align(group, 4, items).accepted}
+    assert set(by_step.values()) <= applicable
+    capped = step_skills(group, 4, items, max_step_skills=2)[1]
+    assert [s.step for s in capped.accepted] == [s.step for s in result.accepted][:2]
+    assert step_skills(group, 4, items)[0] == text
+    assert step_skills(group, 3, items)[1].accepted == []  # never found the apple: nothing applies
 
 
 def test_rule_based_rejects_non_protocol_messages():
@@ -289,6 +325,13 @@ def test_pi_on_webshop_and_search_goes_through_the_builder(webshop_group, search
         assert build_group_pi(group, RuleBasedAnalyzer(), embedded_tokenizer).texts == first.texts
 
 
+def test_step_skills_on_webshop_and_search_go_through_the_builder(webshop_group, search_group, embedded_tokenizer):
+    for group in (webshop_group[0], search_group[0]):
+        result = build_group_pi(group, RuleBasedAnalyzer(), embedded_tokenizer, max_step_skills=5)
+        assert result.stats.step_skills > 0 and not result.stats.rejections
+        assert all(len(skills) <= 5 for skills in result.step_skills)
+
+
 # ----------------------------------------------------------------------------------------------- OpenAI-compatible
 
 
@@ -345,6 +388,51 @@ def test_empty_answer_raises(server):
         client(server).complete(MESSAGES)
 
 
+def _configured_body(server, tmp_path, **settings) -> dict:
+    """The body the server received for one request of the analyzer a TASPOConfig with ``settings`` builds."""
+    args = TASPOConfig(**cpu_trainer_kwargs(
+        tmp_path, analyzer="openai", analyzer_base_url=server.base_url, analyzer_model="replay-model",
+        analyzer_max_retries=0, **settings,
+    ))
+    server.script([{"match": "hello", "responses": [{"content": "ok"}]}])
+    assert make_analyzer(args).complete(MESSAGES) == "ok"
+    (body,) = server.bodies()
+    assert (body["model"], body["messages"], body["temperature"]) == ("replay-model", MESSAGES, 0.0)
+    return body
+
+
+def test_analyzer_requests_carry_the_papers_reasoning_off_setting(server, tmp_path):
+    """The paper's analyzer runs with reasoning disabled (C.3): the request the server receives says so, in the
+    field the configured server reads; server_default sends no such field; extra fields join it."""
+    default = _configured_body(server, tmp_path / "a")
+    assert default["thinking"] == {"type": "disabled"} and "chat_template_kwargs" not in default
+    templated = _configured_body(server, tmp_path / "b", analyzer_reasoning_param="chat_template_kwargs")
+    assert templated["chat_template_kwargs"] == {"enable_thinking": False} and "thinking" not in templated
+    assert _configured_body(server, tmp_path / "c", analyzer_reasoning="on")["thinking"] == {"type": "enabled"}
+    bare = _configured_body(server, tmp_path / "d", analyzer_reasoning="server_default")
+    assert not {"thinking", "chat_template_kwargs"} & set(bare)
+    extra = _configured_body(server, tmp_path / "e", analyzer_extra_body='{"reasoning_effort": "minimal"}')
+    assert (extra["reasoning_effort"], extra["thinking"]) == ("minimal", {"type": "disabled"})
+
+
+def test_reasoning_setting_is_part_of_the_cache_key(server, tmp_path):
+    server.script([{"match": "hello", "responses": [{"content": "without"}, {"content": "with"}]}])
+    off = reasoning_request_fields("off", "thinking")
+    assert client(server, cache_dir=tmp_path).complete(MESSAGES) == "without"
+    assert client(server, cache_dir=tmp_path, extra_body=off).complete(MESSAGES) == "with"
+    assert client(server, cache_dir=tmp_path, extra_body=off).complete(MESSAGES) == "with"
+    assert server.stats()["requests"] == 2
+
+
+def test_bad_reasoning_settings_fail_when_the_config_is_built(tmp_path):
+    with pytest.raises(ValueError, match="analyzer_reasoning must be one of"):
+        TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_reasoning="disabled"))
+    with pytest.raises(ValueError, match="analyzer_reasoning_param must be one of"):
+        TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_reasoning_param="reasoning"))
+    with pytest.raises(ValueError, match="analyzer_extra_body must be a JSON object"):
+        TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_extra_body="minimal"))
+
+
 def test_unreachable_server_raises():
     analyzer = OpenAICompatibleAnalyzer("http://127.0.0.1:9/v1", "m", timeout=1, max_retries=0)
     with pytest.raises(AnalyzerError, match="Connection"):
@@ -365,3 +453,24 @@ def test_transformers_backend_reports_an_overlong_prompt(tiny_model_dir):
     analyzer = TransformersAnalyzer(tiny_model_dir, max_new_tokens=4)
     with pytest.raises(AnalyzerError, match="exceeds"):
         analyzer.complete([{"role": "user", "content": "apple " * 5000}])
+
+
+def test_transformers_backend_renders_reasoning_off_in_the_chat_template(tiny_model_dir):
+    """A Qwen3-style template reads enable_thinking; the analyzer passes the configured mode to it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}"
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+    def prompt(reasoning: str) -> str:
+        analyzer = TransformersAnalyzer(model, tokenizer, max_new_tokens=1, reasoning=reasoning)
+        return tokenizer.decode(analyzer.prompt_inputs(MESSAGES)["input_ids"][0])
+
+    assert prompt("off") == "hello<think></think>"
+    assert prompt("on") == prompt("server_default") == "hello"
+    with pytest.raises(ValueError, match="reasoning must be one of"):
+        TransformersAnalyzer(model, tokenizer, reasoning="none")

@@ -15,8 +15,10 @@ from taspo_trl.privileged import (
     PI_HEADER,
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
+    build_batch,
     build_batch_pi,
     build_group_pi,
+    compose_pi,
 )
 
 EXTRACTION = '"stage": "extraction"'
@@ -218,6 +220,78 @@ def test_generic_skill_uses_the_callers_lookup(embedded_tokenizer):
 
     result = build_group_pi(failed_group(), None, embedded_tokenizer, source="generic_skill", skill_lookup=broken)
     assert result.texts == ["", "", ""] and result.stats.fallbacks == {"skill_lookup_failed": 3}
+
+
+# ----------------------------------------------------------------------------------------------- Skill-SD's skills
+
+
+def test_success_skills_summarise_the_other_successes_without_alignment(embedded_tokenizer):
+    """Skill-SD's teacher context: the analyzer's items from the successes, each target seeing those another
+    success supports, composed as skills; no alignment request, and no raw trajectory."""
+    group = kitchen_group()
+    recorder = Recorder(RuleBasedAnalyzer())
+    result = build_group_pi(group, recorder, embedded_tokenizer, source="success_skills")
+    assert [payload["stage"] for payload, _ in recorder.calls] == ["extraction"]
+    items = result.items
+    table_only = [item.statement for item in items if item.support == {2}]  # the detour only success 2 made
+    assert table_only
+    for target, text in enumerate(result.texts):
+        kept = [item.statement for item in items if item.support - {target}]
+        assert text == compose_pi(kept, embedded_tokenizer, 256) and text.startswith(PI_HEADER)
+        assert "step 1:" not in text  # summarised skills, not a rendered sibling
+    assert not any(statement in result.texts[2] for statement in table_only)
+    assert result.stats.coverage == 1.0 and result.stats.with_pi == 5
+    lone = group[:1] + group[3:]  # one success: nothing is supported by a success other than itself
+    alone = build_group_pi(lone, RuleBasedAnalyzer(), embedded_tokenizer, source="success_skills")
+    assert alone.texts[0] == "" and alone.stats.fallbacks == {"no_items_after_exclusion": 1}
+    assert build_group_pi(failed_group(), RuleBasedAnalyzer(), embedded_tokenizer, source="success_skills").texts == [
+        "", "", ""
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- OPID's step skills
+
+
+def test_step_skills_are_written_per_target_next_to_its_pi(embedded_tokenizer):
+    recorder = Recorder(RuleBasedAnalyzer())
+    result = build_group_pi(kitchen_group(), recorder, embedded_tokenizer, max_step_skills=5)
+    assert result.texts == build_group_pi(kitchen_group(), RuleBasedAnalyzer(), embedded_tokenizer).texts
+    stages = [payload["stage"] for payload, _ in recorder.calls]
+    assert stages.count("extraction") == 1 and stages.count("step_skills") == 5  # the one extraction serves both
+    assert [len(skills) for skills in result.step_skills][3] == 0  # never found the apple: nothing applies
+    for target, skills in enumerate(result.step_skills):
+        assert len(skills) <= 5 and all(0 <= step < kitchen_group()[target].num_turns for step in skills)
+        for text in skills.values():
+            assert text.startswith(PI_HEADER) and text.count("\n- ") == 1  # one skill per step context
+    assert result.stats.step_skills == sum(map(len, result.step_skills)) > 0
+    assert result.stats.with_step_skills == 4
+    assert not [reason for reason in result.stats.rejections if reason.startswith("step_skills/")]
+    capped = build_group_pi(kitchen_group(), RuleBasedAnalyzer(), embedded_tokenizer, max_step_skills=1)
+    assert all(len(skills) <= 1 for skills in capped.step_skills) and capped.stats.step_skills == 4
+
+
+def test_step_skills_without_success_or_with_another_source(embedded_tokenizer):
+    recorder = Recorder(RuleBasedAnalyzer())
+    nothing = build_group_pi(failed_group(), recorder, embedded_tokenizer, max_step_skills=5)
+    assert nothing.step_skills == [{}, {}, {}] and recorder.calls == []
+
+    def lookup(task, task_type):
+        return "- Find the object first."
+
+    # The episode context may come from any source; the step skills still come from the analyzer.
+    mixed = build_group_pi(
+        kitchen_group(), RuleBasedAnalyzer(), embedded_tokenizer, source="generic_skill", skill_lookup=lookup,
+        max_step_skills=5,
+    )
+    assert all(text == f"{PI_HEADER}\n- Find the object first.\n{PI_FOOTER}" for text in mixed.texts)
+    assert sum(map(len, mixed.step_skills)) > 0 and mixed.stats.groups == 1 and mixed.stats.analyzer_calls == 6
+    both = kitchen_group(0) + kitchen_group(1)
+    batch = build_batch(both, 5, RuleBasedAnalyzer(), embedded_tokenizer, max_step_skills=5)
+    assert batch.step_skills == mixed.step_skills * 2 and len(batch.texts) == 10
+    with pytest.raises(ValueError, match="step skills are written by an analyzer"):
+        build_group_pi(kitchen_group(), None, embedded_tokenizer, source="nearest_success", max_step_skills=5)
+    with pytest.raises(ValueError, match="max_step_skills must be >= 0"):
+        build_group_pi(kitchen_group(), RuleBasedAnalyzer(), embedded_tokenizer, max_step_skills=-1)
 
 
 # ----------------------------------------------------------------------------------------------- over real HTTP

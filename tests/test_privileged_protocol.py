@@ -24,8 +24,11 @@ from taspo_trl.privileged.protocol import (
     exclude_target_only,
     extraction_payload,
     parse_json_object,
+    step_skill_messages,
+    step_skill_payload,
     validate_alignment,
     validate_extraction,
+    validate_step_skills,
 )
 from taspo_trl.rollout.records import Trajectory, Turn
 
@@ -395,6 +398,62 @@ def test_g_counts_the_analyzers_candidates_not_its_accepted_statements():
     assert result.rejections == {"unknown_evidence_id": 1, "over_statement_limit": 2}
     everything = validate_alignment({"target_id": 4, "statements": candidates}, 4, kitchen_group()[4], ["E1"], max_statements=None)
     assert len(everything.accepted) == 4
+
+
+# ----------------------------------------------------------------------------------------------- step skills (OPID)
+
+
+def _step_skill(**changes) -> dict:
+    skill = {"step": 2, "skill": "Open the fridge before you put the apple in it.", "evidence_ids": ["E1"]}
+    skill.update(changes)
+    return skill
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        ({"target_id": 4, "step_skills": [_step_skill(step=5)]}, "invalid_step"),  # the target has steps 0-4
+        ({"target_id": 4, "step_skills": [_step_skill(step=-1)]}, "invalid_step"),
+        ({"target_id": 4, "step_skills": [_step_skill(step="2")]}, "invalid_step"),
+        ({"target_id": 4, "step_skills": [_step_skill(step=True)]}, "invalid_step"),
+        ({"target_id": 4, "step_skills": [_step_skill(skill=" ")]}, "empty_statement"),
+        ({"target_id": 4, "step_skills": [_step_skill(skill="y" * 801)]}, "statement_too_long"),
+        ({"target_id": 4, "step_skills": [_step_skill(evidence_ids=["E9"])]}, "unknown_evidence_id"),
+        ({"target_id": 4, "step_skills": [_step_skill(evidence_ids=[])]}, "missing_evidence_ids"),
+        ({"target_id": 4, "step_skills": ["open the fridge"]}, "step_skill_not_object"),
+        ({"target_id": 3, "step_skills": [_step_skill()]}, "unknown_target"),
+        ({"target_id": 4, "step_skills": {"2": "open the fridge"}}, "missing_step_skills"),
+    ],
+)
+def test_step_skill_validation_rejects(response, reason):
+    group = kitchen_group()
+    result = validate_step_skills(response, 4, group[4], ["E1", "E2"])
+    assert result.accepted == [] and result.rejections[reason] == 1
+
+
+def test_at_most_five_step_skills_one_per_step_among_the_first_candidates():
+    # OPID writes at most 5 step skills per trajectory. Candidates 1-5 are the first five; candidate 3 repeats
+    # step 0, so it is rejected and leaves its place empty; candidates 6 and 7 are over the limit.
+    steps = [0, 1, 0, 2, 3, 4, 4]
+    candidates = [_step_skill(step=s, skill=f"Skill {n}.") for n, s in enumerate(steps, 1)]
+    result = validate_step_skills({"target_id": "4", "step_skills": candidates}, 4, kitchen_group()[4], ["E1"])
+    accepted = [(s.step, s.skill) for s in result.accepted]
+    assert accepted == [(0, "Skill 1."), (1, "Skill 2."), (2, "Skill 4."), (3, "Skill 5.")]
+    assert result.rejections == {"duplicate_step": 1, "over_step_skill_limit": 2}
+    assert P.DEFAULT_MAX_STEP_SKILLS == 5
+
+
+def test_step_skill_request_shows_the_alignment_view_and_the_limit():
+    group = kitchen_group()
+    item = EvidenceItem(
+        "E1", "requirement", "Clean the apple.", [EvidenceRef(0, 3, "clean apple 1", post_observation_quote=CLEAN)]
+    )
+    payload = step_skill_payload(4, group[4], [item], max_step_skills=3)
+    aligned = alignment_payload(4, group[4], [item])
+    assert payload == {**aligned, "stage": "step_skills", "max_step_skills": 3}
+    assert not _keys(payload) & P.OUTCOME_KEYS
+    system, user = step_skill_messages(payload)
+    assert "at most 3 steps" in system["content"] and json.loads(user["content"]) == payload
 
 
 # ----------------------------------------------------------------------------------------------- exclusion

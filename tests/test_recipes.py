@@ -77,6 +77,20 @@ def test_taspo_recipes_run_the_aligned_pi_on_every_benchmark():
         assert (data["pi_source"], data["analyzer"]) == ("aligned", "rule"), path.name
 
 
+def test_baseline_recipes_run_their_methods_missing_parts():
+    """OPID with its step skills, Skill-SD with the analyzer's skills from the successes and a periodically synced
+    teacher, and every analyzer-driven recipe with the paper's reasoning-off analyzer."""
+    for path in _recipes("opid"):
+        data = yaml.safe_load(path.read_text())
+        assert (data["pi_source"], data["opid_max_step_skills"], data["opid_step_weight"]) == ("aligned", 5, 0.001)
+    for path in _recipes("skill_sd"):
+        data = yaml.safe_load(path.read_text())
+        assert (data["pi_source"], data["teacher_sync_steps"]) == ("success_skills", 10), path.name
+    for method in ("taspo", "opid", "skill_sd"):
+        for path in _recipes(method):
+            assert yaml.safe_load(path.read_text())["analyzer_reasoning"] == "off", path.name
+
+
 def test_webshop_alignopsd_recipes_match_only_the_same_operation_and_click_target(encoder):
     """AlignOPSD on WebShop (every recipe): with the recipe's correspondence settings, a target turn's sources
     click exactly what it clicks, even where the action embeddings of two different clicks are within the

@@ -16,6 +16,7 @@ from taspo_trl.privileged.skillbank import (
     Skill,
     SkillBank,
     SkillBankError,
+    add_skill_guidance,
     parse_skills,
     render_skills,
     shipped_bank_path,
@@ -363,3 +364,32 @@ def test_other_shipped_banks_retrieve_sensibly(encoder):
     searchqa = SkillBank.load("searchqa", encoder=encoder)
     top = searchqa.retrieve("Which is older, the Eiffel Tower or the Statue of Liberty?", k=2)
     assert "sq-comparison" in [s.id for s in top]
+
+
+def test_skill_guidance_for_the_policy_prompt_lives_with_the_bank(encoder):
+    """Training's and evaluation's prompt skills come from one function of the skill bank module (evaluation need
+    not import a trainer): each task gets its own top-k skills as a [Skills] block; a task no skill applies to
+    gets no guidance key at all."""
+    assert add_skill_guidance.__module__ == "taspo_trl.privileged.skillbank"
+    bank = SkillBank.from_records(
+        [
+            record(1, task_types=["heat"], title="Heat with the microwave", skill="Take it to the microwave 1."),
+            record(2, task_types=["heat"], title="Find the object", skill="Look on countertops first."),
+            record(3, task_types=["clean"], title="Clean in the sink", skill="Use the sinkbasin 1."),
+        ],
+        encoder=encoder,
+    )
+    specs = [
+        {"task": "heat some apple", "task_type": "heat"},
+        {"task": "clean some mug", "task_type": "clean"},
+        {"task": "look at the book", "task_type": "look"},
+    ]
+    add_skill_guidance(specs, bank, top_k=2)
+    heat_block = specs[0]["guidance"].splitlines()
+    assert heat_block[0] == SKILLS_HEADER and heat_block[-1] == SKILLS_FOOTER
+    assert sorted(heat_block[1:-1]) == [
+        "- Find the object: Look on countertops first.",
+        "- Heat with the microwave: Take it to the microwave 1.",
+    ]
+    assert specs[1]["guidance"] == f"{SKILLS_HEADER}\n- Clean in the sink: Use the sinkbasin 1.\n{SKILLS_FOOTER}"
+    assert "guidance" not in specs[2]

@@ -20,6 +20,7 @@ from trl.trainer.utils import pad
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.privileged import PI_HEADER
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
@@ -76,7 +77,7 @@ def shared(tmp_path_factory, tiny_model_dir, game):
     teacher_scores = trainer._teacher_scores
 
     def reuse(trajectories, contexts):
-        key = (tuple(contexts), trainer.args.baseline == "opd", id(trainer.teacher_model))
+        key = (tuple(contexts.items()), id(trainer.teacher_model))
         if key not in scored:
             scored[key] = teacher_scores(trajectories, contexts)
         return scored[key]
@@ -99,21 +100,24 @@ def _advantages_with(trainer: BaselineTrainer, seen: dict, **settings) -> list[l
     return [[turn if isinstance(turn, list) else [turn] for turn in trajectory] for trajectory in out]
 
 
-def _direct_gaps(trainer: BaselineTrainer, seen: dict) -> list[list[torch.Tensor]]:
-    """Delta = log pi(y | skills + h) - log pi_old(y | h) from one plain forward pass per turn."""
+def _direct_gap(trainer: BaselineTrainer, trajectory, t: int, context: str) -> torch.Tensor:
+    """Delta = log pi(y | context + h) - log pi_old(y | h) of turn ``t`` from one plain forward pass."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    gaps = []
-    for trajectory, context in zip(seen["trajectories"], trainer.last_privileged_info, strict=True):
-        per_turn = []
-        for t, turn in enumerate(trajectory.turns):
-            prompt = privileged_prompt_ids(trajectory, t, context, trainer.chat)
-            ids = torch.tensor([prompt + turn.response_ids])
-            with torch.no_grad():
-                logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-            teacher = torch.log_softmax(logits, -1).gather(1, torch.tensor(turn.response_ids)[:, None])[:, 0]
-            per_turn.append(teacher - torch.tensor(turn.logprobs))
-        gaps.append(per_turn)
-    return gaps
+    turn = trajectory.turns[t]
+    prompt = privileged_prompt_ids(trajectory, t, context, trainer.chat)
+    ids = torch.tensor([prompt + turn.response_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    teacher = torch.log_softmax(logits, -1).gather(1, torch.tensor(turn.response_ids)[:, None])[:, 0]
+    return teacher - torch.tensor(turn.logprobs)
+
+
+def _direct_gaps(trainer: BaselineTrainer, seen: dict) -> list[list[torch.Tensor]]:
+    """The gap of every turn under its trajectory's last privileged context."""
+    return [
+        [_direct_gap(trainer, trajectory, t, context) for t in range(trajectory.num_turns)]
+        for trajectory, context in zip(seen["trajectories"], trainer.last_privileged_info, strict=True)
+    ]
 
 
 def test_teacher_gaps_have_one_plain_reference(shared):
@@ -170,7 +174,7 @@ def test_distillation_methods_add_their_gradient_equivalent_term(shared):
     }
     coefs = {"opsd": 1.0, "grpo_opsd": 0.1, "sdar": 0.01, "skill_sd": 0.1, "rlsd": 0.0}
     for method, formula in expected.items():
-        got = _advantages_with(trainer, seen, baseline=method, distill_coef=coefs[method], teacher_policy="current")
+        got = _advantages_with(trainer, seen, baseline=method, distill_coef=coefs[method], teacher_sync_steps=1)
         for i, trajectory in enumerate(got):
             for t, turn in enumerate(trajectory):
                 want = [formula(advantages[i], float(d)) for d in gaps[i][t]]
@@ -224,13 +228,45 @@ def test_gigpo_first_step_anchor_group_by_hand(shared):
         assert all(v == pytest.approx(a, abs=1e-6) for turn in trajectory for v in turn)
 
 
-def test_opid_shapes_additively_with_tiny_weights(shared):
+def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
+    """OPID: A'_t = A + w_e Delta_episode_t + w_s Delta_step_t. The episode context is the analyzer's aligned
+    guidance; the analyzer writes at most 5 step skills per trajectory, and a step's tokens are rescored under its
+    own skill (weights raised to 1 here so both terms show at the test's tolerance)."""
     trainer, seen = shared
-    got = _advantages_with(trainer, seen, baseline="opid", pi_source="generic_skill")
+    got = _advantages_with(
+        trainer, seen, baseline="opid", pi_source="aligned", opid_episode_weight=1.0, opid_step_weight=1.0
+    )
+    episode, steps, trajectories = trainer.last_privileged_info, trainer.last_step_skills, seen["trajectories"]
+    assert sum(map(len, steps)) >= 2 and all(len(skills) <= 5 for skills in steps)
+    for i, (a, trajectory) in enumerate(zip(seen["advantages"].tolist(), got, strict=True)):
+        assert set(steps[i]) <= set(range(trajectories[i].num_turns))
+        for t, turn in enumerate(trajectory):
+            if not episode[i] and t not in steps[i]:
+                assert turn == [pytest.approx(a)]
+                continue
+            zero = torch.zeros(len(trajectories[i].turns[t].response_ids))
+            e = _direct_gap(trainer, trajectories[i], t, episode[i]) if episode[i] else zero
+            d = _direct_gap(trainer, trajectories[i], t, steps[i][t]) if t in steps[i] else zero
+            assert turn == pytest.approx([a + float(x) + float(y) for x, y in zip(e, d)], abs=2e-4), (i, t)
+    episode_only = _advantages_with(
+        trainer, seen, baseline="opid", pi_source="aligned", opid_episode_weight=1.0, opid_max_step_skills=0
+    )
+    assert trainer.last_step_skills == [{}] * len(trajectories)
+    i, t = next((i, t) for i, skills in enumerate(steps) for t in skills)
+    step_gap = _direct_gap(trainer, trajectories[i], t, steps[i][t])
+    assert step_gap.abs().max() > 1e-2  # the step term is visible at this tolerance
+    assert [x - y for x, y in zip(got[i][t], episode_only[i][t])] == pytest.approx(step_gap.tolist(), abs=2e-4)
+
+
+def test_skill_sd_teacher_sees_skills_from_the_successes_not_a_raw_sibling(shared):
+    trainer, seen = shared
+    got = _advantages_with(trainer, seen, baseline="skill_sd", pi_source="success_skills", distill_coef=0.1)
+    contexts = trainer.last_privileged_info
+    assert all(context.startswith(PI_HEADER) and "step 1:" not in context for context in contexts)
     gaps = _direct_gaps(trainer, seen)
     for i, (a, trajectory) in enumerate(zip(seen["advantages"].tolist(), got, strict=True)):
         for t, turn in enumerate(trajectory):
-            assert turn == pytest.approx([a + 0.001 * float(d) for d in gaps[i][t]], abs=2e-5)
+            assert turn == pytest.approx([a + 0.1 * float(d) for d in gaps[i][t]], abs=2e-4), (i, t)
 
 
 def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, tiny_model_dir, game):
@@ -253,6 +289,89 @@ def test_bad_settings_fail_before_training(tmp_path):
         _config(tmp_path, baseline="opd")
     with pytest.raises(ValueError, match="teacher_policy"):
         _config(tmp_path, baseline="opsd", teacher_policy="ema")
+    with pytest.raises(ValueError, match="opid_max_step_skills must be >= 0"):
+        _config(tmp_path, baseline="opid", opid_max_step_skills=-1)
+
+
+def test_teacher_sync_steps_and_teacher_policy_are_one_setting(tmp_path):
+    def schedule(**settings):
+        config = _config(tmp_path, **settings)
+        return config.teacher_policy, config.teacher_sync_steps
+
+    assert schedule(baseline="skill_sd") == ("periodic", 10)  # Skill-SD's teacher is synced periodically
+    assert _config(tmp_path, baseline="skill_sd").pi_source == "success_skills"
+    assert schedule(baseline="opsd") == ("initial", 0) and schedule(baseline="sdar") == ("current", 1)
+    assert schedule(baseline="skill_sd", teacher_sync_steps=4) == ("periodic", 4)
+    assert schedule(baseline="skill_sd", teacher_sync_steps=1) == ("current", 1)
+    assert schedule(baseline="skill_sd", teacher_sync_steps=0) == ("initial", 0)
+    assert schedule(baseline="sdar", teacher_policy="periodic") == ("periodic", 10)
+    assert schedule(baseline="opsd", teacher_policy="initial", teacher_sync_steps=0) == ("initial", 0)
+    with pytest.raises(ValueError, match="teacher_sync_steps must be an integer >= 0"):
+        _config(tmp_path, baseline="skill_sd", teacher_sync_steps=-2)
+    with pytest.raises(ValueError, match="contradicts teacher_sync_steps=5"):
+        _config(tmp_path, baseline="skill_sd", teacher_policy="initial", teacher_sync_steps=5)
+    with pytest.raises(ValueError, match="OPD's teacher is teacher_model_name_or_path"):
+        _config(tmp_path, baseline="opd", teacher_model_name_or_path="x", teacher_sync_steps=3)
+
+
+def _nudge(model: torch.nn.Module, seed: int) -> None:
+    """Move every trainable weight, as an optimizer step would."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.add_(0.05 * torch.randn(param.shape, generator=generator))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_periodic_teacher_is_a_frozen_copy_refreshed_every_n_steps(tmp_path, tiny_model_dir, game, lora):
+    """teacher_sync_steps = 2: the teacher holds the policy of step 0 through step 1, that of step 2 from step 2
+    on (a frozen copy of the whole model, or under LoRA a second, frozen adapter)."""
+    peft_config = None
+    if lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj"])
+    trainer = BaselineTrainer(
+        model=tiny_model_dir,
+        args=_config(tmp_path, baseline="skill_sd", teacher_sync_steps=2),
+        train_dataset=Dataset.from_list(task_spec_rows([game])),
+        peft_config=peft_config,
+    )
+    try:
+        assert (trainer.teacher_model is None) == lora  # LoRA keeps no second copy of the base model
+        ids = torch.tensor([trainer.processing_class.encode("You arrive at countertop 1. take apple 1")])
+        mask = torch.ones_like(ids)
+
+        def scores() -> tuple[torch.Tensor, torch.Tensor]:
+            trainer._sync_teacher()
+            with torch.no_grad():
+                return trainer._teacher_logprobs(ids, mask, 5), trainer._snapshot_logprobs(ids, mask, 5)
+
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        teacher, student = scores()
+        torch.testing.assert_close(teacher, student)  # step 0: the copy is the policy
+        _nudge(policy, 0)
+        trainer.state.global_step = 1
+        stale, student = scores()
+        torch.testing.assert_close(stale, teacher)  # not refreshed yet: still the step-0 policy
+        assert (stale - student).abs().max() > 1e-3
+        trainer.state.global_step = 2
+        refreshed, student = scores()
+        torch.testing.assert_close(refreshed, student)
+        _nudge(policy, 1)
+        trainer.state.global_step = 3
+        held, student = scores()
+        torch.testing.assert_close(held, refreshed)
+        assert (held - student).abs().max() > 1e-3
+        mode = "train" if trainer.model.training else "eval"
+        assert trainer._metrics[mode]["baseline/teacher_version"] == [0.0, 0.0, 2.0, 2.0]
+        if lora:  # the teacher adapter never trains, and the policy's adapter is active again after a teacher pass
+            grads = {name: p.requires_grad for name, p in policy.named_parameters() if "lora_" in name}
+            assert not any(g for name, g in grads.items() if ".teacher." in name)
+            assert all(g for name, g in grads.items() if ".default." in name)
+    finally:
+        trainer.close()
 
 
 def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
@@ -261,7 +380,7 @@ def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     plain = copy.deepcopy(rows.collect(rows.logprobs))
     plain[(0, 1)][0] = float("nan")
     contexts = trainer.last_privileged_info or trainer._privileged_info(trajectories)
-    gaps = trainer._teacher_gaps(trajectories, contexts, plain)
+    gaps = trainer._teacher_gaps(trajectories, trainer._turn_contexts(trajectories, contexts), plain)
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"
     assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0

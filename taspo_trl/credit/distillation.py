@@ -25,6 +25,7 @@ equals the student).
                            and GRPO+OPSD's term (coef = lam, added to the outcome advantage, ungated)
     sdar_gate / sdar_loss  SDAR (Lu et al., 2605.15155): sigma(beta sg(Delta)) times the reverse KL, lam = 0.01
     skill_sd_loss          Skill-SD (Wang et al., 2604.10674): clipped-IS-weighted reverse KL, lam = 0.1
+    teacher_version        which step's policy a self-teacher synchronised every N steps holds (Skill-SD)
 
 Not built: OPSD's generalised-JSD variant. A divergence over the full vocabulary has a gradient on every logit,
 not only on the sampled token, so it has no per-token advantage form (``gradient_equivalent_advantages``) and
@@ -45,6 +46,7 @@ __all__ = [
     "gradient_equivalent_advantages",
     "importance_weights",
     "skill_sd_loss",
+    "teacher_version",
 ]
 
 
@@ -151,8 +153,8 @@ def skill_sd_loss(
 
     rho_t = ``importance_weights(student_logp, old_logp, is_clip)`` (TRL's clipped-IS choice, default clip 2.0;
     the paper's exact clip is not stated in its specification). Teacher = the policy conditioned on skills summarised
-    from the agent's own trajectories, periodically synced (the caller's job). Gradient w.r.t. ``student_logp``:
-    coef * rho_t * sg(log pi_theta - log pi_T).
+    from the agent's own trajectories, periodically synced (the caller's job; ``teacher_version``). Gradient w.r.t.
+    ``student_logp``: coef * rho_t * sg(log pi_theta - log pi_T).
 
     Args:
         coef: lam (SDAR's reimplementation: 0.1).
@@ -166,6 +168,20 @@ def skill_sd_loss(
     old = torch.where(keep, old_logp.detach().to(student_logp.dtype), student_logp.detach())
     rho = importance_weights(student_logp, old, is_clip)
     return rho * sampled_reverse_kl(student_logp, teacher_logp, mask, coef)
+
+
+def teacher_version(step: int, sync_steps: int) -> int:
+    """The optimizer step whose policy a self-teacher synchronised every ``sync_steps`` steps holds at ``step``:
+    step - (step mod sync_steps), the last multiple of ``sync_steps`` not after ``step``.
+
+    ``sync_steps`` = 1 gives ``step`` (refreshed every step: the rollout snapshot); 0 means never refreshed and
+    gives 0 (the initial policy); N >= 2 gives a frozen copy refreshed at steps 0, N, 2N, ... (Skill-SD).
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step!r}")
+    if sync_steps < 0:
+        raise ValueError(f"sync_steps must be >= 0, got {sync_steps!r}")
+    return 0 if sync_steps == 0 else step - step % sync_steps
 
 
 def gradient_equivalent_advantages(

@@ -35,6 +35,12 @@ from .protocol import ELLIPSIS, MAX_STATEMENT_CHARS
 
 Messages = list[dict[str, str]]
 
+REASONING_MODES = ("off", "on", "server_default")
+"""The analyzer's reasoning ("thinking") setting: the paper runs its analyzer with reasoning off (Table C.3)."""
+REASONING_PARAMS = ("thinking", "chat_template_kwargs")
+"""How a server takes that setting: DeepSeek's ``thinking`` object, or the ``enable_thinking`` chat-template switch
+that vLLM, SGLang and ``transformers serve`` pass to Qwen3-style templates."""
+
 
 class AnalyzerError(RuntimeError):
     """An analyzer could not produce an answer (connection, timeout, HTTP error, empty reply, model failure)."""
@@ -52,13 +58,33 @@ class Analyzer(Protocol):
 # ----------------------------------------------------------------------------------------------- OpenAI-compatible
 
 
+def reasoning_request_fields(mode: str = "off", param: str = "thinking") -> dict[str, Any]:
+    """The request-body fields that set an OpenAI-compatible server's reasoning ``mode`` through ``param``.
+
+    ``off`` / ``on`` with ``thinking``: ``{"thinking": {"type": "disabled" / "enabled"}}`` (DeepSeek's switch);
+    with ``chat_template_kwargs``: ``{"chat_template_kwargs": {"enable_thinking": false / true}}``.
+    ``server_default`` sends nothing, for servers that refuse unknown fields (the OpenAI API does).
+    """
+    if mode not in REASONING_MODES:
+        raise ValueError(f"analyzer reasoning must be one of {REASONING_MODES}, got {mode!r}")
+    if param not in REASONING_PARAMS:
+        raise ValueError(f"analyzer reasoning parameter must be one of {REASONING_PARAMS}, got {param!r}")
+    if mode == "server_default":
+        return {}
+    if param == "thinking":
+        return {"thinking": {"type": "enabled" if mode == "on" else "disabled"}}
+    return {"chat_template_kwargs": {"enable_thinking": mode == "on"}}
+
+
 class OpenAICompatibleAnalyzer:
     """An OpenAI-compatible chat-completions endpoint, through the official ``openai`` client.
 
     ``api_key`` is sent as is (None: no key, for local servers). ``timeout`` (seconds) and ``max_retries`` go
-    to the client, which retries timeouts, connection errors, 429s and 5xx with backoff. With ``cache_dir`` every answer is stored under a hash of the request (model,
-    messages, temperature, max_tokens), and a repeated request is answered from disk without contacting the
-    server. ``requests`` / ``cache_hits`` / ``failures`` count calls (thread-safe).
+    to the client, which retries timeouts, connection errors, 429s and 5xx with backoff. ``extra_body`` holds
+    fields added to every request body beyond the OpenAI schema, such as the reasoning switch of
+    ``reasoning_request_fields``. With ``cache_dir`` every answer is stored under a hash of the request (model,
+    messages, temperature, max_tokens, extra fields), and a repeated request is answered from disk without
+    contacting the server. ``requests`` / ``cache_hits`` / ``failures`` count calls (thread-safe).
     """
 
     def __init__(
@@ -72,6 +98,7 @@ class OpenAICompatibleAnalyzer:
         max_retries: int = 2,
         workers: int = 4,
         cache_dir: str | os.PathLike[str] | None = None,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         from openai import OpenAI
 
@@ -80,6 +107,7 @@ class OpenAICompatibleAnalyzer:
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.extra_body = dict(extra_body or {})
         self.workers = workers
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         # Exactly the key given, never another variable's: that key would go to whatever base_url says.
@@ -100,6 +128,8 @@ class OpenAICompatibleAnalyzer:
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }
+        if self.extra_body:  # absent when empty, so caches written without extra fields stay valid
+            request["extra_body"] = self.extra_body
         return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     def complete(self, messages: Messages) -> str:
@@ -119,7 +149,11 @@ class OpenAICompatibleAnalyzer:
 
         try:
             response = self._client.chat.completions.create(
-                model=self.model, messages=messages, temperature=self.temperature, max_tokens=self.max_tokens
+                model=self.model,
+                messages=messages,
+                temperature=self.temperature,
+                max_tokens=self.max_tokens,
+                extra_body=self.extra_body or None,
             )
             text = response.choices[0].message.content if response.choices else None
         except OpenAIError as error:
@@ -183,12 +217,18 @@ class TransformersAnalyzer:
     """A local causal LM with a chat template, decoding greedily (the paper's analyzer runs at temperature 0).
 
     ``model_or_path`` is a loaded model (then pass ``tokenizer``) or a path / hub id / ``"embedded"``.
+    ``reasoning`` (``off``, ``on`` or ``server_default``) reaches the chat template as ``enable_thinking``, the
+    switch of Qwen3-style templates; templates without it ignore it, and ``server_default`` leaves it unset.
     Generation is serialised: one model instance serves one request at a time.
     """
 
     workers = 1
 
-    def __init__(self, model_or_path: Any, tokenizer: Any = None, max_new_tokens: int = 4096) -> None:
+    def __init__(
+        self, model_or_path: Any, tokenizer: Any = None, max_new_tokens: int = 4096, reasoning: str = "off"
+    ) -> None:
+        if reasoning not in REASONING_MODES:
+            raise ValueError(f"analyzer reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -202,16 +242,21 @@ class TransformersAnalyzer:
         self.model = model_or_path.eval()
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
+        self.template_kwargs = {} if reasoning == "server_default" else {"enable_thinking": reasoning == "on"}
         self._lock = threading.Lock()
+
+    def prompt_inputs(self, messages: Messages) -> Any:
+        """The chat-templated ``messages`` as model inputs (``input_ids``, ``attention_mask``) on the model's device."""
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True, **self.template_kwargs
+        ).to(self.model.device)
 
     def complete(self, messages: Messages) -> str:
         """Greedy continuation of the chat-templated ``messages``. Raises :class:`AnalyzerError`."""
         import torch
 
         try:
-            inputs = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-            ).to(self.model.device)
+            inputs = self.prompt_inputs(messages)
             prompt_len = inputs["input_ids"].shape[1]
             room = self._max_positions() - prompt_len
             if room <= 0:
@@ -742,7 +787,10 @@ class RuleBasedAnalyzer:
     thing its source actions refer to (ALFWorld's objects and receptacles, WebShop's products and option values)
     also appears in the target's own records, and quotes the target: its action naming most of those things,
     else an observation naming them; for an item that names nothing, its own action of the same kind, else the
-    task.
+    task. Step skills (OPID) are the applicable items, in item order, each placed at the target's first step
+    still without one whose action is one of the item's source actions as the rule set reads them (same kind, same
+    things: "go to fridge 1" for "Go to the fridge before ..."), else at the step its quote comes from; at most
+    ``max_step_skills``.
     """
 
     workers = 1
@@ -760,6 +808,10 @@ class RuleBasedAnalyzer:
             return json.dumps(
                 {"target_id": payload["target_id"], "statements": self.align(payload)}, ensure_ascii=False
             )
+        if stage == "step_skills":
+            return json.dumps(
+                {"target_id": payload["target_id"], "step_skills": self.step_skills(payload)}, ensure_ascii=False
+            )
         raise AnalyzerError(f"rule-based analyzer: unknown stage {stage!r}")
 
     def extract(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -772,13 +824,30 @@ class RuleBasedAnalyzer:
 
     def align(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         """Statements (as JSON dicts) for the items that apply to the target's recorded interaction."""
+        return [
+            {"statement": item["statement"], "evidence_ids": [item["id"]], "target_quote": quote}
+            for item, quote, _ in self._applicable(payload)
+        ]
+
+    def step_skills(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        """Step skills (as JSON dicts): each applicable item at the first of its steps that has no skill yet."""
+        skills: dict[int, dict[str, Any]] = {}
+        for item, _, steps in self._applicable(payload):
+            step = next((s for s in steps if s not in skills), None)
+            if step is not None and len(skills) < payload["max_step_skills"]:
+                skills[step] = {"step": step, "skill": item["statement"], "evidence_ids": [item["id"]]}
+        return list(skills.values())
+
+    def _applicable(self, payload: dict[str, Any]) -> list[tuple[dict[str, Any], str, list[int]]]:
+        """(item, target quote, the target's steps it bears on) for each item that applies: the steps that take
+        one of its source actions, then the step its quote comes from."""
         steps = payload["steps"]
         actions = [s["action"] for s in steps]
         observations = [s["pre_observation"] for s in steps[:1]] + [s["post_observation"] for s in steps]
         records = " ".join([payload["task"], *actions, *observations])
         items = payload["allowed_evidence"]
         rules = _rules_for([a for item in items for a in item.get("source_actions", [])] + actions)
-        statements = []
+        applicable = []
         for item in items:
             sources = item.get("source_actions", [])
             anchors = [names for names in (rules.anchors(a, payload["task"]) for a in sources) if names is not None]
@@ -788,33 +857,49 @@ class RuleBasedAnalyzer:
             if not all(_mentions(records, name) for name in names):
                 continue
             if names:
-                quote = self._target_quote(names, actions, observations)
+                quote, step = self._target_quote(names, actions, observations)
             else:
-                quote = self._same_kind_quote(rules, sources, actions, payload["task"])
+                quote, step = self._same_kind_quote(rules, sources, actions, payload["task"])
             if quote:
-                statements.append({"statement": item["statement"], "evidence_ids": [item["id"]], "target_quote": quote})
-        return statements
+                steps = self._steps_taking(rules, sources, actions, payload["task"])
+                applicable.append((item, quote, steps + ([step] if step is not None and step not in steps else [])))
+        return applicable
 
     @staticmethod
-    def _target_quote(names: list[str], actions: list[str], observations: list[str]) -> str:
-        """The target's own action naming most of the item's things, else an observation piece naming them."""
+    def _steps_taking(rules: _Rules, sources: list[str], actions: list[str], task: str) -> list[int]:
+        """The target's steps whose action is one of ``sources`` as ``rules`` read them: same kind, same things."""
+
+        def reading(action: str) -> tuple[str, tuple[str, ...]]:
+            return rules.kind(action), tuple(rules.anchors(action, task) or ())
+
+        wanted = {reading(a) for a in sources if rules.kind(a)}
+        return [n for n, a in enumerate(actions) if ELLIPSIS not in a and reading(a) in wanted]
+
+    @staticmethod
+    def _target_quote(names: list[str], actions: list[str], observations: list[str]) -> tuple[str, int | None]:
+        """The target's own action naming most of the item's things, else an observation piece naming them; with
+        the step of that action, or the step that acted on that observation (None for the final one)."""
         scored = [
             (sum(_mentions(a, name) for name in names), -n, a) for n, a in enumerate(actions) if ELLIPSIS not in a
         ]
         best = max(scored, default=(0, 0, ""))
         if best[0]:
-            return best[2]
-        for observation in observations:
+            return best[2], -best[1]
+        # observations[k] is what step k acted on; the last one came after the final step.
+        for k, observation in enumerate(observations):
             if any(_mentions(observation, name) for name in names):
-                return _quote(observation, names)
-        return ""
+                return _quote(observation, names), k if k < len(actions) else None
+        return "", None
 
     @staticmethod
-    def _same_kind_quote(rules: _Rules, sources: list[str], actions: list[str], task: str) -> str:
-        """The target's first action of the kind of one of the item's source actions, else the task's first piece."""
-        usable = [a for a in actions if ELLIPSIS not in a]
+    def _same_kind_quote(
+        rules: _Rules, sources: list[str], actions: list[str], task: str
+    ) -> tuple[str, int | None]:
+        """The target's first action of the kind of one of the item's source actions (and its step), else the
+        task's first piece (no step)."""
+        usable = [(n, a) for n, a in enumerate(actions) if ELLIPSIS not in a]
         for kind in dict.fromkeys(rules.kind(a) for a in sources):
-            quote = next((a for a in usable if kind and rules.kind(a) == kind), "")
-            if quote:
-                return quote
-        return _quote(task, [])
+            found = next(((n, a) for n, a in usable if kind and rules.kind(a) == kind), None)
+            if found:
+                return found[1], found[0]
+        return _quote(task, []), None

@@ -6,14 +6,20 @@ validation, and composition. A group without a verified success gets no PI (Algo
 Any analyzer failure (error, timeout, unparsable or rejected answer) only empties the PI it concerned: it is
 logged and counted, never raised.
 
-Table 2's PI-source ablations share the same composition and budget:
+Table 2's PI-source ablations, and the comparison methods' sources, share the same composition and budget:
   ``aligned``          the full pipeline above (TASPO);
+  ``success_skills``   the extracted items another success supports (exclusion as for ``aligned``), composed
+                       without alignment: skills summarised from the agent's own successes (Skill-SD's teacher);
   ``nearest_success``  the successful sibling whose actions overlap the target's most (Jaccard similarity of
                        the sets of lower-cased action words; ties go to the lowest index), rendered step by step;
   ``random_success``   a successful sibling drawn with a seeded RNG (seed, group, target), rendered alike;
   ``generic_skill``    the caller's task-type skill text, ``skill_lookup(task, task_type) -> str``.
 The trajectory sources never use the target itself (as exclusion does for ``aligned``); the generic skill
 needs no success, since it does not come from the group.
+
+Step skills (OPID), asked for with ``max_step_skills`` > 0 on top of any source: after the same extraction and
+exclusion, one request per target for at most that many skills, each tied to one of the target's steps,
+validated (``validate_step_skills``) and composed one by one, so that each is the privileged context of its step.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from .analyzers import Analyzer, AnalyzerError
@@ -46,8 +52,11 @@ from .protocol import (
     extraction_payload,
     normalize_whitespace,
     parse_json_object,
+    step_skill_messages,
+    step_skill_payload,
     validate_alignment,
     validate_extraction,
+    validate_step_skills,
 )
 
 if TYPE_CHECKING:
@@ -55,7 +64,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PI_SOURCES = ("aligned", "nearest_success", "random_success", "generic_skill")
+PI_SOURCES = ("aligned", "nearest_success", "random_success", "generic_skill", "success_skills")
+_ANALYZER_SOURCES = ("aligned", "success_skills")
 SkillLookup = Callable[[str, "str | None"], str]
 _RENDERED_OBSERVATION_CHARS = 100
 
@@ -73,6 +83,10 @@ class PIStats:
     cache_hits: int = 0
     accepted_items: int = 0
     aligned_statements: int = 0
+    step_skills: int = 0
+    """Step skills composed (OPID); their rejections are counted under ``step_skills/<reason>``."""
+    with_step_skills: int = 0
+    """Trajectories that got at least one step skill."""
     rejections: Counter = field(default_factory=Counter)
     """Rejected responses, items and statements, by reason (``analyzer_error``, ``duplicate_id``, ...)."""
     fallbacks: Counter = field(default_factory=Counter)
@@ -112,6 +126,17 @@ class GroupPI:
     statements: list[list[AlignedStatement]]
     """Accepted aligned statements per target, before composition (``aligned`` source only)."""
     stats: PIStats
+    step_skills: list[dict[int, str]] = field(default_factory=list)
+    """Per target, its composed step skills by step index (empty unless step skills were asked for)."""
+
+
+@dataclass
+class BatchPI:
+    """The PI of a batch, one entry per input trajectory, and the merged counters."""
+
+    texts: list[str]
+    step_skills: list[dict[int, str]]
+    stats: PIStats
 
 
 @dataclass(frozen=True)
@@ -124,12 +149,17 @@ class _Settings:
     token_budget: int
     skill_lookup: SkillLookup | None
     seed: int
+    max_step_skills: int = 0
 
     def check(self, analyzer: Analyzer | None) -> None:
         if self.source not in PI_SOURCES:
             raise ValueError(f"unknown PI source {self.source!r}; choose one of {', '.join(PI_SOURCES)}")
-        if self.source == "aligned" and analyzer is None:
-            raise ValueError("the 'aligned' PI source needs an analyzer (e.g. RuleBasedAnalyzer())")
+        if self.source in _ANALYZER_SOURCES and analyzer is None:
+            raise ValueError(f"the {self.source!r} PI source needs an analyzer (e.g. RuleBasedAnalyzer())")
+        if self.max_step_skills < 0:
+            raise ValueError(f"max_step_skills must be >= 0, got {self.max_step_skills}")
+        if self.max_step_skills and analyzer is None:
+            raise ValueError("step skills are written by an analyzer: pass one (e.g. RuleBasedAnalyzer())")
         if self.source == "generic_skill" and self.skill_lookup is None:
             raise ValueError("the 'generic_skill' PI source needs skill_lookup(task, task_type) -> str")
 
@@ -145,10 +175,14 @@ def build_group_pi(
     max_statements: int = DEFAULT_MAX_STATEMENTS,
     token_budget: int = DEFAULT_PI_TOKENS,
     skill_lookup: SkillLookup | None = None,
+    max_step_skills: int = 0,
     seed: int = 0,
 ) -> GroupPI:
-    """The PI of every trajectory of one task group (the K siblings), in input order (Eq. 2, Table 2 sources)."""
-    settings = _Settings(source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed)
+    """The PI of every trajectory of one task group (the K siblings), in input order (Eq. 2, Table 2 sources),
+    and its step skills when ``max_step_skills`` > 0 (OPID's default is ``DEFAULT_MAX_STEP_SKILLS``)."""
+    settings = _Settings(
+        source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed, max_step_skills
+    )
     settings.check(analyzer)
     hits_before = getattr(analyzer, "cache_hits", 0)
     result = _build_groups([list(trajectories)], analyzer, settings)[0]
@@ -156,7 +190,7 @@ def build_group_pi(
     return result
 
 
-def build_batch_pi(
+def build_batch(
     trajectories: Sequence[Trajectory],
     group_size: int,
     analyzer: Analyzer | None,
@@ -168,15 +202,19 @@ def build_batch_pi(
     max_statements: int = DEFAULT_MAX_STATEMENTS,
     token_budget: int = DEFAULT_PI_TOKENS,
     skill_lookup: SkillLookup | None = None,
+    max_step_skills: int = 0,
     seed: int = 0,
-) -> tuple[list[str], PIStats]:
-    """PI for a batch whose groups are consecutive blocks of ``group_size`` siblings (TRL's repeated prompts).
+) -> BatchPI:
+    """PI (and step skills when ``max_step_skills`` > 0) for a batch whose groups are consecutive blocks of
+    ``group_size`` siblings (TRL's repeated prompts).
 
     Analyzer calls of all groups run concurrently on ``analyzer.workers`` threads (all extractions, then all
-    alignments); results are placed by position, so the output depends only on the inputs and the analyzer's
-    answers. Returns one PI string per input trajectory and the merged stats.
+    per-target requests); results are placed by position, so the output depends only on the inputs and the
+    analyzer's answers.
     """
-    settings = _Settings(source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed)
+    settings = _Settings(
+        source, tokenizer, char_budget, max_items, max_statements, token_budget, skill_lookup, seed, max_step_skills
+    )
     settings.check(analyzer)
     groups = _split_groups(trajectories, group_size)
     hits_before = getattr(analyzer, "cache_hits", 0)
@@ -185,7 +223,25 @@ def build_batch_pi(
     for result in results:
         stats = stats.merge(result.stats)
     stats.cache_hits = getattr(analyzer, "cache_hits", 0) - hits_before
-    return [text for result in results for text in result.texts], stats
+    return BatchPI(
+        [text for result in results for text in result.texts],
+        [skills for result in results for skills in result.step_skills],
+        stats,
+    )
+
+
+def build_batch_pi(
+    trajectories: Sequence[Trajectory],
+    group_size: int,
+    analyzer: Analyzer | None,
+    tokenizer: TokenizerLike,
+    source: str = "aligned",
+    **options: Any,
+) -> tuple[list[str], PIStats]:
+    """One PI string per input trajectory and the merged stats (``build_batch`` without step skills; ``options``
+    are its keyword arguments)."""
+    result = build_batch(trajectories, group_size, analyzer, tokenizer, source, **options)
+    return result.texts, result.stats
 
 
 def _split_groups(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
@@ -201,18 +257,37 @@ def _split_groups(trajectories: Sequence[Trajectory], group_size: int) -> list[l
 
 
 def _build_groups(groups: list[list[Trajectory]], analyzer: Analyzer | None, settings: _Settings) -> list[GroupPI]:
-    if settings.source != "aligned":
-        return [_ablation_group(g, group, settings) for g, group in enumerate(groups)]
+    if settings.source not in _ANALYZER_SOURCES and not settings.max_step_skills:
+        return [_with_step_skills(_ablation_group(g, group, settings), []) for g, group in enumerate(groups)]
+    per_target = {"aligned": _align, "success_skills": _success_skills}.get(settings.source)
+    jobs = [(g, i) for g, group in enumerate(groups) for i in range(len(group))]
     with ThreadPoolExecutor(max_workers=max(1, getattr(analyzer, "workers", 1))) as pool:
         extracted = list(pool.map(lambda group: _extract(group, analyzer, settings), groups))
-        jobs = [(g, i) for g, group in enumerate(groups) for i in range(len(group))]
-        aligned = list(
-            pool.map(lambda job: _align(groups[job[0]], job[1], extracted[job[0]], analyzer, settings), jobs)
-        )
-    per_group: list[list[tuple[str, list[AlignedStatement], PIStats]]] = [[] for _ in groups]
-    for (g, _), result in zip(jobs, aligned):
-        per_group[g].append(result)
-    return [_collect(extracted[g], per_group[g]) for g in range(len(groups))]
+
+        def run(stage: Callable) -> list[Any]:
+            """``stage`` of every target, in job order."""
+            return list(pool.map(lambda job: stage(groups[job[0]], job[1], extracted[job[0]], analyzer, settings), jobs))
+
+        targets = run(per_target) if per_target else []
+        steps = run(_step_skills) if settings.max_step_skills else []
+    results = []
+    for g, group in enumerate(groups):
+        mine = [k for k, (h, _) in enumerate(jobs) if h == g]
+        if per_target:
+            result = _collect(extracted[g], [targets[k] for k in mine])
+        else:  # a source that needs no analyzer, asked for step skills: count the extraction, not its group twice
+            result = _ablation_group(g, group, settings)
+            result.stats = result.stats.merge(replace(extracted[g].stats, groups=0))
+        results.append(_with_step_skills(result, [steps[k] for k in mine] if steps else []))
+    return results
+
+
+def _with_step_skills(result: GroupPI, steps: list[tuple[dict[int, str], PIStats]]) -> GroupPI:
+    """``result`` with its targets' step skills (none when ``steps`` is empty) and their counters."""
+    result.step_skills = [skills for skills, _ in steps] or [{} for _ in result.texts]
+    for _, stats in steps:
+        result.stats = result.stats.merge(stats)
+    return result
 
 
 @dataclass
@@ -288,6 +363,52 @@ def _align(
     text = compose_pi([s.statement for s in validated.accepted], settings.tokenizer, settings.token_budget)
     _count_outcome(stats, text, "no_aligned_statements")
     return text, validated.accepted, stats
+
+
+def _success_skills(
+    group: list[Trajectory], target_id: int, extraction: _Extraction, analyzer: Analyzer, settings: _Settings
+) -> tuple[str, list[AlignedStatement], PIStats]:
+    """Skills summarised from the group's successes for one target: the extracted items another success supports,
+    in the analyzer's order, composed without alignment (the ``success_skills`` source; no analyzer call here)."""
+    stats = PIStats(trajectories=1)
+    if extraction.failure:
+        stats.fallbacks[extraction.failure] += 1
+        return "", [], stats
+    allowed = exclude_target_only(extraction.items, target_id)
+    if not allowed:
+        stats.fallbacks["no_items_after_exclusion"] += 1
+        return "", [], stats
+    text = compose_pi([item.statement for item in allowed], settings.tokenizer, settings.token_budget)
+    _count_outcome(stats, text, "empty_skills")
+    return text, [], stats
+
+
+def _step_skills(
+    group: list[Trajectory], target_id: int, extraction: _Extraction, analyzer: Analyzer, settings: _Settings
+) -> tuple[dict[int, str], PIStats]:
+    """OPID's step skills for one target, by step index, each composed alone as the privileged context of its step."""
+    stats = PIStats()
+    if extraction.failure:
+        return {}, stats
+    allowed = exclude_target_only(extraction.items, target_id)
+    if not allowed:
+        return {}, stats
+    target = group[target_id]
+    payload = step_skill_payload(target_id, target, allowed, settings.char_budget, settings.max_step_skills)
+    response = _call(
+        analyzer, step_skill_messages(payload), stats, f"step skills of target {target_id} for task {target.task!r}"
+    )
+    if response is None:
+        return {}, stats
+    validated = validate_step_skills(
+        response, target_id, target, [item.id for item in allowed], settings.max_step_skills
+    )
+    stats.rejections.update({f"step_skills/{reason}": n for reason, n in validated.rejections.items()})
+    composed = {s.step: compose_pi([s.skill], settings.tokenizer, settings.token_budget) for s in validated.accepted}
+    skills = {step: text for step, text in composed.items() if text}
+    stats.step_skills += len(skills)
+    stats.with_step_skills += int(bool(skills))
+    return skills, stats
 
 
 def _collect(extraction: _Extraction, targets: list[tuple[str, list[AlignedStatement], PIStats]]) -> GroupPI:

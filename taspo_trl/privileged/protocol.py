@@ -31,6 +31,7 @@ MAX_STATEMENT_CHARS = 800
 DEFAULT_MAX_STATEMENTS = 8
 DEFAULT_PI_TOKENS = 256
 DEFAULT_MAX_ITEMS = 12  # Table C.3, "Maximum evidence items"
+DEFAULT_MAX_STEP_SKILLS = 5  # OPID: at most 5 step-level skills per trajectory
 # A quote of one or two characters is a substring of almost any record, so it would establish no traceability.
 MIN_QUOTE_CHARS = 3
 
@@ -91,6 +92,15 @@ class AlignedStatement:
     statement: str
     evidence_ids: list[str]
     target_quote: str
+
+
+@dataclass
+class StepSkill:
+    """One step-level skill (OPID) for a target: the step it guides, the skill, and the evidence it rests on."""
+
+    step: int
+    skill: str
+    evidence_ids: list[str]
 
 
 @dataclass
@@ -193,6 +203,17 @@ Answer with one JSON object and nothing else:
   "evidence_ids": ["E1"], "target_quote": "..."}}]}}
 Return an empty list when nothing applies."""
 
+STEP_SKILL_SYSTEM_PROMPT = f"""You write step-level skills for one target attempt at a text-environment task.
+The user message is a JSON object: the target id, the task, every recorded step of the target (step index,
+action, observation before, observation after) and the allowed evidence items extracted from other attempts.
+Pick at most {{max_step_skills}} steps of the target whose decision the evidence bears on, and write for each one a
+short reusable skill for that decision, as it applies to the target's situation at that step. Each skill names
+the step index and cites allowed evidence ids. At most one skill per step.
+Answer with one JSON object and nothing else:
+{{"target_id": <the target id>, "step_skills": [{{"step": 3, "skill": "<= {MAX_STATEMENT_CHARS} characters",
+  "evidence_ids": ["E1"]}}]}}
+Return an empty list when no step needs a skill."""
+
 
 def extraction_payload(
     successes: dict[int, Trajectory], char_budget: int = DEFAULT_CHAR_BUDGET, max_items: int = DEFAULT_MAX_ITEMS
@@ -233,6 +254,19 @@ def alignment_payload(
     }
 
 
+def step_skill_payload(
+    target_id: int,
+    target: Trajectory,
+    items: Sequence[EvidenceItem],
+    char_budget: int = DEFAULT_CHAR_BUDGET,
+    max_step_skills: int = DEFAULT_MAX_STEP_SKILLS,
+) -> dict[str, Any]:
+    """The step-skill request body (OPID): what alignment sees (the target's steps without outcome labels and the
+    allowed items), asking for at most ``max_step_skills`` skills, each tied to one of the target's steps."""
+    payload = alignment_payload(target_id, target, items, char_budget)
+    return {**payload, "stage": "step_skills", "max_step_skills": max_step_skills}
+
+
 def extraction_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
     """Chat messages for one extraction request."""
     system = EXTRACTION_SYSTEM_PROMPT.replace("{max_items}", str(payload["max_items"]))
@@ -245,6 +279,12 @@ def alignment_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
         {"role": "system", "content": ALIGNMENT_SYSTEM_PROMPT},
         {"role": "user", "content": json.dumps(payload, ensure_ascii=False)},
     ]
+
+
+def step_skill_messages(payload: dict[str, Any]) -> list[dict[str, str]]:
+    """Chat messages for one step-skill request."""
+    system = STEP_SKILL_SYSTEM_PROMPT.replace("{max_step_skills}", str(payload["max_step_skills"]))
+    return [{"role": "system", "content": system}, {"role": "user", "content": json.dumps(payload, ensure_ascii=False)}]
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -447,6 +487,60 @@ def _check_aligned(raw: Any, allowed: set[str], records: list[str]) -> tuple[Ali
     if not _quote_in(raw.get("target_quote"), *records):
         return None, "unsupported_target_quote"
     return AlignedStatement(raw["statement"].strip(), [eid.strip() for eid in evidence_ids], raw["target_quote"]), None
+
+
+def validate_step_skills(
+    response: dict[str, Any],
+    target_id: int,
+    target: Trajectory,
+    allowed_ids: Sequence[str],
+    max_step_skills: int = DEFAULT_MAX_STEP_SKILLS,
+) -> Validated:
+    """Check step skills: known target, a step of the target, skill length, allowed evidence ids, one per step.
+
+    As for statements, only the first ``max_step_skills`` skills of the answer are candidates (a rejected one
+    leaves its place empty); later ones are counted as ``over_step_skill_limit``. A second skill for a step that
+    already has one is rejected as ``duplicate_step``: each step is rescored under one skill.
+    """
+    result = Validated()
+    if str(response.get("target_id")) != str(target_id):
+        result.rejections["unknown_target"] += 1
+        return result
+    raw_skills = response.get("step_skills")
+    if not isinstance(raw_skills, list):
+        result.rejections["missing_step_skills"] += 1
+        return result
+    allowed, taken = set(allowed_ids), set()
+    for position, raw in enumerate(raw_skills):
+        if position >= max_step_skills:
+            result.rejections["over_step_skill_limit"] += 1
+            continue
+        skill, problem = _check_step_skill(raw, allowed, len(target.turns))
+        if skill is not None and skill.step in taken:
+            skill, problem = None, "duplicate_step"
+        if problem:
+            result.rejections[problem] += 1
+        else:
+            taken.add(skill.step)
+            result.accepted.append(skill)
+    return result
+
+
+def _check_step_skill(raw: Any, allowed: set[str], num_steps: int) -> tuple[StepSkill | None, str | None]:
+    if not isinstance(raw, dict):
+        return None, "step_skill_not_object"
+    step = raw.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < num_steps:
+        return None, "invalid_step"
+    problem = _check_statement(raw.get("skill"))
+    if problem:
+        return None, problem
+    evidence_ids = raw.get("evidence_ids")
+    if not isinstance(evidence_ids, list) or not evidence_ids:
+        return None, "missing_evidence_ids"
+    if not all(isinstance(eid, str) and eid.strip() in allowed for eid in evidence_ids):
+        return None, "unknown_evidence_id"
+    return StepSkill(step, raw["skill"].strip(), [eid.strip() for eid in evidence_ids]), None
 
 
 # ----------------------------------------------------------------------------------------------- composition

@@ -369,6 +369,16 @@ class SkillBank:
         return [render_skills(row, header=header) for row in rows]
 
 
+def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:
+    """Skill-GRPO: put each task's top-k skills, rendered with their header, in its spec's ``guidance``, which the
+    policy prompt shows (training's ``prompt_skill_bank`` and ``taspo-eval --prompt_skill_bank``). A task that no
+    skill applies to gets no ``guidance`` key."""
+    skills = bank.retrieve_batch([str(s.get("task", "")) for s in specs], top_k, [s.get("task_type") for s in specs])
+    for spec, chosen in zip(specs, skills, strict=True):
+        if chosen:
+            spec["guidance"] = bank.render(chosen)
+
+
 def _as_text_list(texts: Sequence[str], name: str) -> list[str]:
     if isinstance(texts, str):
         raise TypeError(f"{name} must be a list of strings, not a single string")
@@ -391,6 +401,7 @@ __all__ = [
     "Skill",
     "SkillBank",
     "SkillBankError",
+    "add_skill_guidance",
     "load_skill_bank",
     "parse_skills",
     "render_skills",

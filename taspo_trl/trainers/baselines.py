@@ -9,8 +9,9 @@ Every method changes only the per-token advantages of the GRPO step (`turn_advan
 - Skill-GRPO, which is GRPO with retrieved skills in the policy's own prompt (`prompt_skill_bank`).
 
 Teachers are the policy itself under a privileged context (the PI sources of TASPO: SkillBank skills, a successful
-sibling's trajectory, or the analyzer's aligned guidance), frozen at the initial policy or the current snapshot,
-or (OPD) a separate frozen model with the same tokenizer.
+sibling's trajectory, the analyzer's aligned guidance, the analyzer's skills from the successes, or OPID's step
+skills), frozen at the initial policy, the current snapshot, or a frozen copy refreshed every
+``teacher_sync_steps`` steps; or (OPD) a separate frozen model with the same tokenizer.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import use_adapter
 
 from ..credit.baselines import gigpo_advantages, opid_advantages, rlsd_advantages, rlsd_lambda, stepopsd_advantages
-from ..credit.distillation import gradient_equivalent_advantages
+from ..credit.distillation import gradient_equivalent_advantages, teacher_version
 from ..credit.registry import get_loss_term
+from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.layouts import Rows
@@ -49,10 +52,18 @@ _DEFAULT_PI_SOURCE = {
     "grpo_opsd": "generic_skill",
     "sdar": "generic_skill",
     "rlsd": "generic_skill",
-    "skill_sd": "nearest_success",
+    "skill_sd": "success_skills",
     "stepopsd": "nearest_success",
     "opid": "aligned",
 }
+DEFAULT_TEACHER_SYNC_STEPS = 10
+"""Refresh period of a `periodic` teacher (Skill-SD's default): its paper syncs the teacher periodically, and the
+period is not in the description this package follows."""
+TEACHER_POLICIES = {"initial": 0, "current": 1, "periodic": DEFAULT_TEACHER_SYNC_STEPS}
+"""`teacher_policy` names and the `teacher_sync_steps` each stands for."""
+_DEFAULT_TEACHER_POLICY = {"opsd": "initial", "grpo_opsd": "initial", "skill_sd": "periodic"}
+_TEACHER_ADAPTER = "teacher"
+"""The PEFT adapter that holds a periodic teacher's copy of the policy's adapter."""
 _DEFAULT_COEF = {"opsd": 1.0, "grpo_opsd": 0.1, "sdar": 0.01, "skill_sd": 0.1, "opd": 1.0}
 _NAMES = {
     "skill_grpo": "Skill-GRPO",
@@ -78,15 +89,25 @@ class BaselineConfig(TASPOConfig):
         baseline (`str`, defaults to `"sdar"`): one of `skill_grpo`, `opsd`, `grpo_opsd`, `sdar`, `skill_sd`,
             `opd`, `rlsd`, `opid`, `gigpo`, `stepopsd`.
         pi_source (`str` or `None`, defaults to `None`): the teacher's privileged context; `None` picks the
-            method's: skills (`generic_skill`) for OPSD, GRPO+OPSD, SDAR and RLSD; a successful sibling
-            (`nearest_success`, TRL `sdpo`'s successful-rollout teacher) for Skill-SD and StepOPSD's hindsight
-            teacher; the analyzer's guidance (`aligned`) for OPID.
+            method's: skills (`generic_skill`) for OPSD, GRPO+OPSD, SDAR and RLSD; skills the analyzer summarises
+            from the group's other successes (`success_skills`) for Skill-SD; a successful sibling
+            (`nearest_success`, TRL `sdpo`'s successful-rollout teacher) for StepOPSD's hindsight teacher; the
+            analyzer's guidance (`aligned`) for OPID's episode term.
         skill_bank (`str`, defaults to `"alfworld"`): SkillBank for skill contexts and Skill-GRPO (`alfworld`,
             `webshop`, `searchqa` or a JSONL path); shared by every skill-conditioned method.
         skill_top_k (`int`, defaults to `2`): skills retrieved per task.
-        teacher_policy (`str` or `None`, defaults to `None`): `"initial"` (frozen initial policy: the PEFT base
-            model, TRL's reference model, or a frozen copy) or `"current"` (the rollout snapshot, i.e. synced every
-            step). `None`: `initial` for OPSD / GRPO+OPSD (OPSD's teacher is frozen), `current` otherwise.
+        teacher_policy (`str` or `None`, defaults to `None`): the self-teacher's weights, a name for a
+            `teacher_sync_steps` value: `"initial"` (0: the frozen initial policy: the PEFT base model, TRL's
+            reference model, or a frozen copy), `"current"` (1: the rollout snapshot, i.e. synced every step) or
+            `"periodic"` (a frozen copy refreshed every `teacher_sync_steps`, default 10, steps). `None`: from
+            `teacher_sync_steps` when set, else the method's: `initial` for OPSD / GRPO+OPSD (OPSD's teacher is
+            frozen), `periodic` for Skill-SD (its teacher is synced periodically), `current` otherwise.
+        teacher_sync_steps (`int` or `None`, defaults to `None`): how often the self-teacher is refreshed from the
+            policy. N >= 2: a frozen copy of the policy (a second PEFT adapter under LoRA) taken at step 0 and
+            refreshed whenever the optimizer step reaches a multiple of N, so the teacher of step s is the policy
+            of step N * floor(s / N); 1: refreshed every step, i.e. the rollout snapshot (no copy is kept); 0:
+            never refreshed, the initial policy. `None`: the value `teacher_policy` names (Skill-SD: 10). Must be
+            >= 0 and agree with `teacher_policy` when both are set; not for OPD, whose teacher is another model.
         teacher_model_name_or_path (`str` or `None`): OPD's teacher, a larger causal LM with the policy's tokenizer.
         distill_coef (`float` or `None`): $\lambda$ of the distillation term; `None`: OPSD 1, GRPO+OPSD 0.1, SDAR
             0.01, Skill-SD 0.1, OPD 1.
@@ -95,7 +116,10 @@ class BaselineConfig(TASPOConfig):
         rlsd_lambda (`float`, defaults to `0.5`): RLSD's $\lambda_0$, linearly decayed to 0 over
             `rlsd_decay_steps` (50) steps; `rlsd_clip` (0.2) is its $\epsilon$.
         opid_episode_weight / opid_step_weight (`float`, default `0.001`): OPID's weights of the episode- and
-            step-skill gaps. Step skills are not built here (see the OPID note in the README); the step term is 0.
+            step-skill gaps.
+        opid_max_step_skills (`int`, defaults to `5`): OPID's step skills per trajectory, at most: the analyzer
+            backend (`analyzer`) writes them, each tied to one step, and a step's tokens are rescored under its
+            skill for the step gap. 0 turns the step term off.
         gigpo_omega (`float`, defaults to `1.0`), gigpo_gamma (`float`, defaults to `0.95`), gigpo_norm (`str`,
             defaults to `"mean"`): GiGPO's $\omega$, discount $\gamma$ and anchor-group normalisation.
         stepopsd_temperature (`float`, defaults to `1.0`), stepopsd_bound (`float`, defaults to `0.5`): the
@@ -106,7 +130,12 @@ class BaselineConfig(TASPOConfig):
     pi_source: str | None = field(default=None, metadata={"help": "Teacher context (None: the method's)."})
     skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
     skill_top_k: int = field(default=2, metadata={"help": "Skills retrieved per task."})
-    teacher_policy: str | None = field(default=None, metadata={"help": "'initial' or 'current' (None: method's)."})
+    teacher_policy: str | None = field(
+        default=None, metadata={"help": "'initial', 'current' or 'periodic' (None: method's)."}
+    )
+    teacher_sync_steps: int | None = field(
+        default=None, metadata={"help": "Self-teacher refresh period: 0 never, 1 every step, N every N steps."}
+    )
     teacher_model_name_or_path: str | None = field(default=None, metadata={"help": "OPD's frozen teacher."})
     distill_coef: float | None = field(default=None, metadata={"help": "lambda of the distillation term."})
     sdar_beta: float = field(default=5.0, metadata={"help": "SDAR gate sharpness beta."})
@@ -116,6 +145,9 @@ class BaselineConfig(TASPOConfig):
     rlsd_clip: float = field(default=0.2, metadata={"help": "RLSD epsilon."})
     opid_episode_weight: float = field(default=0.001, metadata={"help": "OPID episode-skill weight."})
     opid_step_weight: float = field(default=0.001, metadata={"help": "OPID step-skill weight."})
+    opid_max_step_skills: int = field(
+        default=DEFAULT_MAX_STEP_SKILLS, metadata={"help": "OPID step skills per trajectory, at most."}
+    )
     gigpo_omega: float = field(default=1.0, metadata={"help": "GiGPO omega."})
     gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount gamma."})
     gigpo_norm: str = field(default="mean", metadata={"help": "GiGPO anchor normalisation: mean or mean_std."})
@@ -126,9 +158,9 @@ class BaselineConfig(TASPOConfig):
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}.")
         self.pi_source = self.pi_source or _DEFAULT_PI_SOURCE.get(self.baseline, "nearest_success")
-        self.teacher_policy = self.teacher_policy or ("initial" if self.baseline in ("opsd", "grpo_opsd") else "current")
-        if self.teacher_policy not in ("initial", "current"):
-            raise ValueError(f"teacher_policy must be 'initial' or 'current', got {self.teacher_policy!r}.")
+        self._resolve_teacher_schedule()
+        if self.opid_max_step_skills < 0:
+            raise ValueError(f"opid_max_step_skills must be >= 0 (0: no step term), got {self.opid_max_step_skills}.")
         if self.distill_coef is None:
             self.distill_coef = _DEFAULT_COEF.get(self.baseline, 0.0)
         if self.baseline == "opd" and not self.teacher_model_name_or_path:
@@ -136,6 +168,35 @@ class BaselineConfig(TASPOConfig):
         if self.baseline == "skill_grpo" and not self.prompt_skill_bank:
             self.prompt_skill_bank = self.skill_bank
         super().__post_init__()
+
+    def _resolve_teacher_schedule(self) -> None:
+        """Set `teacher_policy` and `teacher_sync_steps` to one consistent pair, or say which setting is wrong."""
+        if self.teacher_policy is not None and self.teacher_policy not in TEACHER_POLICIES:
+            raise ValueError(
+                f"teacher_policy must be one of {tuple(TEACHER_POLICIES)}, got {self.teacher_policy!r}."
+            )
+        sync = self.teacher_sync_steps
+        if sync is None:
+            self.teacher_policy = self.teacher_policy or _DEFAULT_TEACHER_POLICY.get(self.baseline, "current")
+            self.teacher_sync_steps = TEACHER_POLICIES[self.teacher_policy]
+            return
+        if self.baseline == "opd":
+            raise ValueError(
+                "teacher_sync_steps applies to self-teachers; OPD's teacher is teacher_model_name_or_path, a separate "
+                "frozen model. Remove teacher_sync_steps."
+            )
+        if isinstance(sync, bool) or not isinstance(sync, int) or sync < 0:
+            raise ValueError(
+                "teacher_sync_steps must be an integer >= 0 (0: never refreshed, the initial policy; 1: every step, "
+                f"the rollout snapshot; N >= 2: a frozen copy refreshed every N steps), got {sync!r}."
+            )
+        implied = "initial" if sync == 0 else "current" if sync == 1 else "periodic"
+        if self.teacher_policy not in (None, implied):
+            raise ValueError(
+                f"teacher_policy={self.teacher_policy!r} contradicts teacher_sync_steps={sync} (that is "
+                f"{implied!r}); set only one of them."
+            )
+        self.teacher_policy = implied
 
 
 class BaselineTrainer(TASPOTrainer):
@@ -155,19 +216,68 @@ class BaselineTrainer(TASPOTrainer):
         method = self.args.baseline
         self._name = _NAMES[method]
         self._tag_names = [*self._tag_names, method]
+        self.last_step_skills: list[dict[int, str]] = []
         self.teacher_model = teacher_model
         if self.teacher_model is None and self._needs_frozen_copy():
             self.teacher_model = self._load_frozen(self.args.teacher_model_name_or_path or self.model.config._name_or_path)
+        # The copy is not checkpointed: a run resumed past step N refreshes it from the resumed policy at its first
+        # step, and from then on it follows the schedule again.
+        self._teacher_version = 0
+        if self._periodic_teacher():
+            if self.teacher_model is None:  # PEFT: a second adapter holds the teacher's copy of the policy's
+                self._add_teacher_adapter()
+            self._refresh_teacher()
 
     # ---- teachers ------------------------------------------------------------------------------------------
+
+    def _is_peft(self) -> bool:
+        return hasattr(self.accelerator.unwrap_model(self.model), "peft_config")
+
+    def _periodic_teacher(self) -> bool:
+        args = self.args
+        return args.baseline in _NEEDS_TEACHER and args.baseline != "opd" and args.teacher_sync_steps >= 2
 
     def _needs_frozen_copy(self) -> bool:
         args = self.args
         if args.baseline == "opd":
             return True
-        if args.baseline not in _NEEDS_TEACHER or args.teacher_policy != "initial":
+        if args.baseline not in _NEEDS_TEACHER or args.teacher_sync_steps == 1 or self._is_peft():
             return False
-        return self.ref_model is None and not hasattr(self.accelerator.unwrap_model(self.model), "peft_config")
+        # The initial policy may already be TRL's reference model; a periodic teacher needs a copy of its own.
+        return self._periodic_teacher() or self.ref_model is None
+
+    def _add_teacher_adapter(self) -> None:
+        """A frozen adapter next to the policy's, as TRL adds its "ref" adapter (``_refresh_teacher`` fills it)."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        unwrapped.add_adapter(_TEACHER_ADAPTER, unwrapped.peft_config["default"])
+        for name, param in unwrapped.named_parameters():
+            if f".{_TEACHER_ADAPTER}." in name:
+                param.requires_grad_(False)
+
+    def _refresh_teacher(self) -> None:
+        """Copy the policy's weights (its adapter, under PEFT) into the periodic teacher, through TRL's reference
+        model sync with mixing weight 1, which gathers ZeRO-3 shards."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if self.teacher_model is not None:
+            SyncRefModelCallback.sync_target_model(policy, self.teacher_model, alpha=1.0)
+            return
+        names = [name for name, _ in policy.named_parameters() if ".default." in name]
+        # ParameterLists hold the very parameters, so the sync writes into the teacher adapter in place.
+        source = torch.nn.ParameterList([policy.get_parameter(name) for name in names])
+        target = torch.nn.ParameterList(
+            [policy.get_parameter(name.replace(".default.", f".{_TEACHER_ADAPTER}.")) for name in names]
+        )
+        SyncRefModelCallback.sync_target_model(source, target, alpha=1.0)
+
+    def _sync_teacher(self) -> None:
+        """Refresh a periodic teacher when the step has reached a newer ``teacher_version`` than the one it holds."""
+        if not self._periodic_teacher():
+            return
+        version = teacher_version(self.state.global_step, self.args.teacher_sync_steps)
+        if version != self._teacher_version:
+            self._refresh_teacher()
+            self._teacher_version = version
+        self._metrics["train" if self.model.training else "eval"]["baseline/teacher_version"].append(float(version))
 
     def _load_frozen(self, name_or_path: str) -> Any:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -194,34 +304,46 @@ class BaselineTrainer(TASPOTrainer):
         """log pi_T of the last ``logits_to_keep`` tokens: the frozen teacher, the initial policy, or the snapshot."""
         device = self.accelerator.device
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        if self.teacher_model is not None or (self.ref_model is not None and self.args.teacher_policy == "initial"):
+        sync = self.args.teacher_sync_steps
+        if self.teacher_model is not None or (self.ref_model is not None and sync == 0):
             model = self.teacher_model if self.teacher_model is not None else self.ref_model
             with dropout_off(model):  # a teacher passed in (OPD's, or the policy itself) may be in train mode
                 logps, _, _ = self._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size=self.rescore_batch_size
                 )
             return logps
-        if self.args.teacher_policy == "initial":  # PEFT: the base model with the adapter switched off
+        if sync != 1:  # PEFT: the periodic teacher's adapter, or the initial policy (the adapter switched off)
             unwrapped = self.accelerator.unwrap_model(self.model)
-            with use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None):
+            initial = "ref" if "ref" in unwrapped.peft_config else None
+            with use_adapter(unwrapped, adapter_name=_TEACHER_ADAPTER if sync >= 2 else initial):
                 return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
         return self._snapshot_logprobs(input_ids, attention_mask, logits_to_keep)
 
-    def _teacher_scores(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], torch.Tensor]:
-        """log pi_T(y_t | context + h_t) on every response token of every turn of the trajectories with a context
-        (OPD: all, under the plain prompt). Batched and padded like the rescoring of TASPO so every process runs
-        the same number of forward passes."""
+    def _turn_contexts(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], str]:
+        """Each turn of a trajectory with a context, under that context (OPD: every turn, under none)."""
         plain_teacher = self.args.baseline == "opd"
+        return {
+            (i, t): contexts[i]
+            for i, trajectory in enumerate(trajectories)
+            if plain_teacher or contexts[i]
+            for t in range(trajectory.num_turns)
+        }
+
+    def _teacher_scores(
+        self, trajectories: list[Trajectory], contexts: dict[tuple[int, int], str]
+    ) -> dict[tuple[int, int], torch.Tensor]:
+        """log pi_T(y_t | context + h_t) on every response token of each (trajectory, turn) of ``contexts``; an
+        empty context scores under the plain prompt (OPD's teacher). Batched and padded like the rescoring of TASPO
+        so every process runs the same number of forward passes."""
         keys, pairs = [], []
-        for i, trajectory in enumerate(trajectories):
-            if not (plain_teacher or contexts[i]):
+        for (i, t), context in contexts.items():
+            trajectory = trajectories[i]
+            turn = trajectory.turns[t]
+            if not turn.response_ids:
                 continue
-            for t, turn in enumerate(trajectory.turns):
-                if not turn.response_ids:
-                    continue
-                prompt = turn.prompt_ids if plain_teacher else privileged_prompt_ids(trajectory, t, contexts[i], self.chat)
-                keys.append((i, t))
-                pairs.append((prompt, turn.response_ids))
+            prompt = privileged_prompt_ids(trajectory, t, context, self.chat) if context else turn.prompt_ids
+            keys.append((i, t))
+            pairs.append((prompt, turn.response_ids))
         scored = score_continuations(
             pairs,
             self._teacher_logprobs,
@@ -232,11 +354,16 @@ class BaselineTrainer(TASPOTrainer):
         return dict(zip(keys, scored))
 
     def _teacher_gaps(
-        self, trajectories: list[Trajectory], contexts: list[str], plain: dict[tuple[int, int], list[float]]
+        self,
+        trajectories: list[Trajectory],
+        contexts: dict[tuple[int, int], str],
+        plain: dict[tuple[int, int], list[float]],
+        metric: str = "baseline/non_finite_gap_turns",
     ) -> dict[tuple[int, int], torch.Tensor]:
         """Delta_t = log pi_T(y_t | context + h_t) - log pi_old(y_t | h_t) of the turns ``_teacher_scores`` scores;
         ``plain`` holds log pi_old per (trajectory, turn), the trainer's one plain reference (``_plain_logprobs``),
-        so the student term comes from the same forward as the teacher's."""
+        so the student term comes from the same forward as the teacher's. Turns left out for a non-finite value
+        are counted in ``metric``."""
         gaps, non_finite = {}, 0
         for (i, t), teacher in self._teacher_scores(trajectories, contexts).items():
             gap = teacher.float() - torch.tensor(plain[(i, t)], dtype=torch.float32)
@@ -246,7 +373,7 @@ class BaselineTrainer(TASPOTrainer):
                 non_finite += 1
         if non_finite:
             logger.warning("%d turns had non-finite teacher gaps and keep their outcome advantage", non_finite)
-        self._metrics["train" if self.model.training else "eval"]["baseline/non_finite_gap_turns"].append(float(non_finite))
+        self._metrics["train" if self.model.training else "eval"][metric].append(float(non_finite))
         return gaps
 
     # ---- credit --------------------------------------------------------------------------------------------
@@ -262,37 +389,59 @@ class BaselineTrainer(TASPOTrainer):
         if method == "gigpo":
             return self._gigpo(trajectories, advantages)
 
-        contexts = self._privileged_info(trajectories) if method != "opd" else [""] * len(trajectories)
-        self.last_privileged_info = contexts
+        if method == "opd":
+            contexts, step_skills = [""] * len(trajectories), [{} for _ in trajectories]
+        else:
+            step_term = method == "opid" and args.opid_max_step_skills > 0
+            contexts, step_skills = self._guidance(trajectories, args.opid_max_step_skills if step_term else 0)
+        self.last_privileged_info, self.last_step_skills = contexts, step_skills
+        self._sync_teacher()
         plain = rows.collect(self._plain_logprobs(rows, batch))
-        gaps = self._teacher_gaps(trajectories, contexts, plain)
+        gaps = self._teacher_gaps(trajectories, self._turn_contexts(trajectories, contexts), plain)
         if gaps:
             flat = torch.cat(list(gaps.values()))
             metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
         metrics["baseline/teacher_coverage"].append(len({i for i, _ in gaps}) / max(len(trajectories), 1))
+        step_gaps: dict[tuple[int, int], torch.Tensor] = {}
+        if method == "opid":  # every process scores (maybe nothing), so the padded forward passes stay in step
+            step_contexts = {(i, t): text for i, skills in enumerate(step_skills) for t, text in skills.items()}
+            step_gaps = self._teacher_gaps(trajectories, step_contexts, plain, "baseline/non_finite_step_gap_turns")
+            turns = sum(t.num_turns for t in trajectories)
+            metrics["baseline/opid_step_skill_turns"].append(len(step_gaps) / max(turns, 1))
 
         out: list[list[float | list[float]]] = []
         for i, trajectory in enumerate(trajectories):
             turn_gaps = [gaps.get((i, t)) for t in range(trajectory.num_turns)]
+            turn_step_gaps = [step_gaps.get((i, t)) for t in range(trajectory.num_turns)]
             # A turn the teacher did not score keeps the outcome advantage (distillation-only methods: none).
             unscored = 0.0 if method in _NO_REWARD else float(advantages[i])
-            if all(g is None for g in turn_gaps):
+            if all(g is None for g in turn_gaps + turn_step_gaps):
                 out.append([unscored] * trajectory.num_turns)
                 continue
-            delta, mask = _stack_turns(turn_gaps, [len(turn.response_ids) for turn in trajectory.turns])
+            lengths = [len(turn.response_ids) for turn in trajectory.turns]
+            delta, mask = _stack_turns(turn_gaps, lengths)
+            step_delta, step_mask = _stack_turns(turn_step_gaps, lengths)
+            mask = torch.maximum(mask, step_mask)  # OPID: a turn with only one of its two gaps has 0 for the other
             advantage = torch.full((delta.size(0),), float(advantages[i]))
             student = [plain.get((i, t), []) for t in range(trajectory.num_turns)]
-            shaped = self._shape(method, advantage, delta, mask, student)
+            shaped = self._shape(method, advantage, delta, mask, student, step_delta)
             out.append([shaped[t, : int(mask[t].sum())].tolist() if mask[t].any() else unscored for t in range(len(turn_gaps))])
         if method == "rlsd":
             metrics["baseline/rlsd_lambda"].append(rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps))
         return out
 
     def _shape(
-        self, method: str, advantage: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, plain: list[list[float]]
+        self,
+        method: str,
+        advantage: torch.Tensor,
+        delta: torch.Tensor,
+        mask: torch.Tensor,
+        plain: list[list[float]],
+        step_delta: torch.Tensor,
     ) -> torch.Tensor:
         """[turns, T] advantages of one trajectory from its outcome advantage and its teacher gaps; ``plain`` is
-        the per-turn plain reference the gaps were taken against, the student's log-probs at the snapshot."""
+        the per-turn plain reference the gaps were taken against, the student's log-probs at the snapshot, and
+        ``step_delta`` OPID's step-skill gaps (0 on turns without a step skill)."""
         args = self.args
         if method in DISTILLATION:
             student = torch.tensor(_padded(plain, delta.size(1)))
@@ -309,7 +458,7 @@ class BaselineTrainer(TASPOTrainer):
             lam = rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps)
             return rlsd_advantages(advantage, delta, mask, lam, args.rlsd_clip)
         if method == "opid":
-            return opid_advantages(advantage, delta, None, mask, args.opid_episode_weight, args.opid_step_weight)
+            return opid_advantages(advantage, delta, step_delta, mask, args.opid_episode_weight, args.opid_step_weight)
         if method == "stepopsd":
             return stepopsd_advantages(float(advantage[0]), delta, mask, args.stepopsd_temperature, args.stepopsd_bound)
         raise AssertionError(f"unhandled baseline {method}")

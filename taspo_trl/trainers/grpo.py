@@ -38,7 +38,7 @@ from trl.trainer.utils import pad
 
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
-from ..privileged.skillbank import SkillBank
+from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..envs import EnvFactory, PromptTemplate, get_env_factory
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
@@ -704,14 +704,6 @@ def vllm_importance_sampling_ratio(
     low = float("-inf") if clip_min is None else clip_min
     high = float("inf") if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-
-
-def add_skill_guidance(specs: list[dict[str, Any]], bank: SkillBank, top_k: int) -> None:
-    """Skill-GRPO: put each task's top-k skills in its spec's ``guidance``, which the policy prompt shows."""
-    skills = bank.retrieve_batch([str(s.get("task", "")) for s in specs], top_k, [s.get("task_type") for s in specs])
-    for spec, chosen in zip(specs, skills, strict=True):
-        if chosen:
-            spec["guidance"] = bank.render(chosen)
 
 
 def _pad_right(values: list[list[float]] | list[list[int]], fill: float, device: Any, dtype: torch.dtype | None = None) -> torch.Tensor:

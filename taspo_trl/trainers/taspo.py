@@ -21,7 +21,8 @@ import torch
 from accelerate.utils import broadcast_object_list, gather_object
 
 from ..credit.taspo import clipped_action_score, taspo_fallback_reason, taspo_token_weights, taspo_weights
-from ..privileged import PI_SOURCES, OpenAICompatibleAnalyzer, RuleBasedAnalyzer, TransformersAnalyzer, build_batch_pi
+from ..privileged import PI_SOURCES, OpenAICompatibleAnalyzer, RuleBasedAnalyzer, TransformersAnalyzer, build_batch
+from ..privileged.analyzers import REASONING_MODES, REASONING_PARAMS, reasoning_request_fields
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
@@ -46,7 +47,8 @@ class TASPOConfig(AgentGRPOConfig):
         allocation_unit (`str`, defaults to `"action"`): `"action"` (one weight per turn, TASPO) or `"token"`
             (Table 4's token-level ablation: each action token gets its own weight, other tokens 1).
         pi_source (`str`, defaults to `"aligned"`): PI construction (Table 2): `"aligned"`, `"nearest_success"`,
-            `"random_success"` or `"generic_skill"` (needs a `skill_lookup` passed to the trainer).
+            `"random_success"` or `"generic_skill"` (needs a `skill_lookup` passed to the trainer); also
+            `"success_skills"`, the analyzer's items from the other successes without alignment (Skill-SD's).
         analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline; ALFWorld, WebShop and
             Search-QA), `"openai"` (any OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's
             setting) or `"transformers"` (a local model, `analyzer_model`).
@@ -60,6 +62,16 @@ class TASPOConfig(AgentGRPOConfig):
         analyzer_max_retries (`int`, defaults to `2`): retries of a failed request.
         analyzer_cache_dir (`str` or `None`): disk cache of analyzer answers (reruns and resumes reproduce PI);
             `None` = `<output_dir>/analyzer_cache` for the `"openai"` analyzer.
+        analyzer_reasoning (`str`, defaults to `"off"`): the analyzer's reasoning ("thinking") mode, off as in the
+            paper (C.3): `"off"`, `"on"`, or `"server_default"` (send nothing; for servers that refuse unknown
+            request fields, such as the OpenAI API). The `"transformers"` analyzer passes it to the chat template
+            as `enable_thinking`; the rule-based one does not reason.
+        analyzer_reasoning_param (`str`, defaults to `"thinking"`): how the `"openai"` analyzer's requests carry
+            it: `"thinking"` (DeepSeek: `{"thinking": {"type": "disabled"}}`) or `"chat_template_kwargs"` (vLLM,
+            SGLang, `transformers serve` with Qwen3-style templates: `{"chat_template_kwargs": {"enable_thinking":
+            false}}`).
+        analyzer_extra_body (`dict`, JSON string or `None`): more fields for every `"openai"` analyzer request
+            body, merged over the reasoning fields (its keys win), e.g. `{"reasoning_effort": "minimal"}`.
         pi_char_budget (`int`, defaults to `12000`): $C$, the character budget of an analyzer request (A.2).
         pi_max_items (`int`, defaults to `12`): maximum evidence items (C.3).
         pi_max_statements (`int`, defaults to `8`): $G$: P_i is composed from the accepted statements among the
@@ -82,13 +94,36 @@ class TASPOConfig(AgentGRPOConfig):
     analyzer_timeout: float = field(default=60.0, metadata={"help": "Seconds per analyzer request."})
     analyzer_max_retries: int = field(default=2, metadata={"help": "Retries per analyzer request."})
     analyzer_cache_dir: str | None = field(default=None, metadata={"help": "Disk cache of analyzer answers."})
+    analyzer_reasoning: str = field(default="off", metadata={"help": "'off' (paper), 'on' or 'server_default'."})
+    analyzer_reasoning_param: str = field(
+        default="thinking", metadata={"help": "Request field for it: 'thinking' or 'chat_template_kwargs'."}
+    )
+    analyzer_extra_body: dict[str, Any] | str | None = field(
+        default=None, metadata={"help": "Extra JSON fields of every openai analyzer request."}
+    )
     pi_char_budget: int = field(default=12000, metadata={"help": "C: analyzer request character budget."})
     pi_max_items: int = field(default=12, metadata={"help": "Maximum evidence items."})
     pi_max_statements: int = field(default=8, metadata={"help": "G: candidate statements composed into PI."})
     pi_token_budget: int = field(default=256, metadata={"help": "B_PI: PI token budget."})
 
+    # TrainingArguments parses these from JSON strings (command line) in its __post_init__.
+    _VALID_DICT_FIELDS = [*AgentGRPOConfig._VALID_DICT_FIELDS, "analyzer_extra_body"]
+
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.analyzer_reasoning, bool):  # YAML reads a bare off / on as false / true
+            self.analyzer_reasoning = "on" if self.analyzer_reasoning else "off"
+        if self.analyzer_reasoning not in REASONING_MODES:
+            raise ValueError(f"analyzer_reasoning must be one of {REASONING_MODES}, got {self.analyzer_reasoning!r}.")
+        if self.analyzer_reasoning_param not in REASONING_PARAMS:
+            raise ValueError(
+                f"analyzer_reasoning_param must be one of {REASONING_PARAMS}, got {self.analyzer_reasoning_param!r}."
+            )
+        if self.analyzer_extra_body is not None and not isinstance(self.analyzer_extra_body, dict):
+            raise ValueError(
+                f"analyzer_extra_body must be a JSON object, e.g. '{{\"reasoning_effort\": \"minimal\"}}', got "
+                f"{self.analyzer_extra_body!r}."
+            )
         if self.allocation_unit not in ("action", "token"):
             raise ValueError(f"allocation_unit must be 'action' or 'token', got {self.allocation_unit!r}.")
         if self.pi_source not in PI_SOURCES:
@@ -116,7 +151,9 @@ def make_analyzer(args: TASPOConfig) -> Any:
     if args.analyzer == "rule":
         return RuleBasedAnalyzer()
     if args.analyzer == "transformers":
-        return TransformersAnalyzer(args.analyzer_model, max_new_tokens=args.analyzer_max_tokens)
+        return TransformersAnalyzer(
+            args.analyzer_model, max_new_tokens=args.analyzer_max_tokens, reasoning=args.analyzer_reasoning
+        )
     return OpenAICompatibleAnalyzer(
         base_url=args.analyzer_base_url,
         model=args.analyzer_model,
@@ -127,6 +164,10 @@ def make_analyzer(args: TASPOConfig) -> Any:
         max_retries=args.analyzer_max_retries,
         workers=args.analyzer_workers,
         cache_dir=args.analyzer_cache_dir or os.path.join(args.output_dir, "analyzer_cache"),
+        extra_body={
+            **reasoning_request_fields(args.analyzer_reasoning, args.analyzer_reasoning_param),
+            **(args.analyzer_extra_body or {}),
+        },
     )
 
 
@@ -234,15 +275,22 @@ class TASPOTrainer(AgentGRPOTrainer):
         return out
 
     def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
-        """PI for this process's trajectories; groups may straddle processes, so the main process builds PI for
-        the gathered batch once and broadcasts it (every process then uses identical PI)."""
+        """PI for this process's trajectories (see ``_guidance``)."""
+        return self._guidance(trajectories)[0]
+
+    def _guidance(
+        self, trajectories: list[Trajectory], max_step_skills: int = 0
+    ) -> tuple[list[str], list[dict[int, str]]]:
+        """PI and, with ``max_step_skills`` > 0, step skills (by step index) for this process's trajectories.
+        Groups may straddle processes, so the main process builds them for the gathered batch once and broadcasts
+        them (every process then uses identical PI)."""
         args = self.args
         mode = "train" if self.model.training else "eval"
         group_size = self.num_generations if mode == "train" else self.num_generations_eval
         everything = gather_object(trajectories) if self.accelerator.num_processes > 1 else list(trajectories)
         payload: list[Any] = [None]
         if self.accelerator.is_main_process:
-            texts, stats = build_batch_pi(
+            built = build_batch(
                 everything,
                 group_size,
                 self.analyzer,
@@ -253,13 +301,15 @@ class TASPOTrainer(AgentGRPOTrainer):
                 max_statements=args.pi_max_statements,
                 token_budget=args.pi_token_budget,
                 skill_lookup=self.skill_lookup,
+                max_step_skills=max_step_skills,
                 seed=args.seed + self.state.global_step,
             )
-            payload = [(texts, stats.as_metrics("pi/"))]
+            payload = [(built.texts, built.step_skills, built.stats.as_metrics("pi/"))]
         if self.accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
-        texts, pi_metrics = payload[0]
+        texts, step_skills, pi_metrics = payload[0]
         for name, value in pi_metrics.items():
             self._metrics[mode][name].append(value)
         start = self.accelerator.process_index * len(trajectories)
-        return texts[start : start + len(trajectories)]
+        mine = slice(start, start + len(trajectories))
+        return texts[mine], step_skills[mine]
