@@ -39,14 +39,18 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_carries_every_recipe(wheel):
+def test_the_wheel_carries_every_recipe_and_declares_trl_s_extras(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     shipped = {n.removeprefix("taspo_trl/recipes/") for n in names if n.startswith("taspo_trl/recipes/") and n.endswith(".yaml")}
     in_checkout = {p.relative_to(ROOT / "recipes").as_posix() for p in (ROOT / "recipes").rglob("*.yaml")}
     assert shipped == in_checkout
     assert {"accelerate/zero3.yaml", "quickstart/alfworld_taspo_cpu.yaml", "paper/search/taspo_lora.yaml"} <= shipped
+    requires = {line.removeprefix("Requires-Dist: ") for line in metadata.splitlines() if line.startswith("Requires-Dist: ")}
+    assert {'openai>=1.0; extra == "openai"', 'trl[vllm]; extra == "vllm"', 'trl[deepspeed]; extra == "deepspeed"'} <= requires
+    assert "trl<1.17,>=1.16.0" in requires
     assert "taspo-recipes = taspo_trl.recipes:main" in entry_points
 
 
