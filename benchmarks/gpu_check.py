@@ -358,7 +358,7 @@ def _launch(mode: str, model_dir: str, encoder_dir: str | None, steps: int, dry_
     if mode not in DEEPSPEED_MODES:
         return [sys.executable, *own]
     # The project's own launch configs, as users run them, on one process.
-    config = ROOT / "recipes" / "accelerate" / f"{mode}.yaml"
+    config = ROOT / "taspo_trl" / "recipes" / "accelerate" / f"{mode}.yaml"
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "1", *own]
 
 

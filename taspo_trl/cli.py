@@ -1,8 +1,8 @@
 """Command-line entry points.
 
-    taspo-train --config recipes/quickstart/alfworld_grpo_cpu.yaml [--key value ...]
+    taspo-train --config alfworld_grpo_cpu [--key value ...]
 
-The YAML follows TRL's ``TrlParser`` conventions: top-level keys are fields of the script arguments below,
+``--config`` takes a YAML file or the name of a shipped recipe (``taspo-recipes list``). The YAML follows TRL's ``TrlParser`` conventions: top-level keys are fields of the script arguments below,
 of the method's config class (``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the
 ``method: sft`` warm start on expert demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of environment variables is exported first (as in TRL; the
 environment to train in is the ``environment:`` key); command-line flags override the file.
@@ -71,6 +71,24 @@ def _method_config_class(method: str) -> type:
     return CONFIGS[method]
 
 
+def resolve_config_argv(argv: list[str], program: str) -> list[str]:
+    """``argv`` with the value of ``--config`` made a file path: a file that exists is used as it is, anything
+    else names a shipped recipe (``alfworld_taspo_cpu``, ``paper/search/taspo_lora``), so an installed wheel
+    runs its recipes from any directory."""
+    from .recipes import find_recipe
+
+    if "--config" not in argv[:-1]:
+        return argv
+    at = argv.index("--config") + 1
+    if Path(argv[at]).is_file():
+        return argv
+    try:
+        path = find_recipe(argv[at])
+    except ValueError as error:
+        raise SystemExit(f"{program}: --config {argv[at]}: no such file, and {error}.") from None
+    return [*argv[:at], str(path), *argv[at + 1 :]]
+
+
 def _method_from_argv(argv: list[str]) -> str:
     peek = argparse.ArgumentParser(add_help=False)
     peek.add_argument("--config")
@@ -79,10 +97,7 @@ def _method_from_argv(argv: list[str]) -> str:
     if known.method:
         return known.method
     if known.config:
-        path = Path(known.config)
-        if not path.is_file():
-            raise SystemExit(f"taspo-train: config file {path} does not exist.")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(Path(known.config).read_text()) or {}
         return str(data.get("method", "grpo"))
     return "grpo"
 
@@ -159,6 +174,7 @@ def build_trainer(
     from .warmstart import resolve_policy_path
     from .trainers import BASELINES, TRAINERS
 
+    argv = resolve_config_argv(argv, "taspo-train")
     method = _method_from_argv(argv)
     config_class = _method_config_class(method)
     if method in BASELINES and "--baseline" not in argv:

@@ -1,12 +1,13 @@
 """``taspo-eval``: evaluate a checkpoint (or a base model) on a fixed task set and write a results table.
 
     taspo-eval --model_name_or_path outputs/quickstart_taspo --environment alfworld --games_per_type 2
-    taspo-eval --config recipes/quickstart/alfworld_taspo_cpu.yaml --model_name_or_path outputs/quickstart_taspo
+    taspo-eval --config alfworld_taspo_cpu --model_name_or_path outputs/quickstart_taspo
 
-A training recipe can be passed with ``--config``: the keys evaluation shares with training (environment,
-turn limits, layout, prompt and response lengths, task source) carry over and the rest are ignored, so a run
-is evaluated under the settings it was trained with. The tasks are fixed (generated or loaded by seed), one
-episode per task, and sampling is seeded per batch, so two evaluations of one checkpoint give the same table.
+A training recipe can be passed with ``--config`` (a YAML file or a shipped recipe's name): the keys evaluation
+shares with training (environment, turn limits, layout, prompt and response lengths, task source) carry over
+and the rest are ignored, so a run is evaluated under the settings it was trained with. The tasks are fixed
+(generated or loaded by seed), one episode per task, and sampling is seeded per batch, so two evaluations of
+one checkpoint give the same table.
 
 ``--prompt_skill_bank`` shows each task's top-k skills in the policy's prompt at evaluation time, retrieved and
 rendered exactly as training's ``prompt_skill_bank`` does: a Skill-GRPO checkpoint evaluated this way is the
@@ -227,9 +228,9 @@ def eval_main(argv: list[str] | None = None) -> None:
     """``taspo-eval``: parse flags (and an optional recipe), evaluate, print the table."""
     from trl import TrlParser
 
-    from .cli import AgentScriptArguments
+    from .cli import AgentScriptArguments, resolve_config_argv
 
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = resolve_config_argv(list(sys.argv[1:] if argv is None else argv), "taspo-eval")
     parser = TrlParser((AgentScriptArguments, EvalArguments))
     script_args, args, _ignored_recipe_keys, unknown = parser.parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True
