@@ -392,7 +392,7 @@ def _configured_body(server, tmp_path, **settings) -> dict:
     """The body the server received for one request of the analyzer a TASPOConfig with ``settings`` builds."""
     args = TASPOConfig(**cpu_trainer_kwargs(
         tmp_path, analyzer="openai", analyzer_base_url=server.base_url, analyzer_model="replay-model",
-        analyzer_max_retries=0, **settings,
+        analyzer_max_retries=0, analyzer_api_key_env="", **settings,  # a local server needs no key
     ))
     server.script([{"match": "hello", "responses": [{"content": "ok"}]}])
     assert make_analyzer(args).complete(MESSAGES) == "ok"
