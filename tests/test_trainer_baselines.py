@@ -254,7 +254,7 @@ def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
     assert trainer.last_step_skills == [{}] * len(trajectories)
     i, t = next((i, t) for i, skills in enumerate(steps) for t in skills)
     step_gap = _direct_gap(trainer, trajectories[i], t, steps[i][t])
-    assert step_gap.abs().max() > 1e-2  # the step term is visible at this tolerance
+    assert step_gap.abs().max() > 1e-3  # well above the 2e-4 tolerance below, so the step term is visible
     assert [x - y for x, y in zip(got[i][t], episode_only[i][t])] == pytest.approx(step_gap.tolist(), abs=2e-4)
 
 
