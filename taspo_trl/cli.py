@@ -2,10 +2,12 @@
 
     taspo-train --config alfworld_grpo_cpu [--key value ...]
 
-``--config`` takes a YAML file or the name of a shipped recipe (``taspo-recipes list``). The YAML follows TRL's ``TrlParser`` conventions: top-level keys are fields of the script arguments below,
-of the method's config class (``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the
-``method: sft`` warm start on expert demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of environment variables is exported first (as in TRL; the
-environment to train in is the ``environment:`` key); command-line flags override the file.
+``--config`` takes a YAML file or the name of a shipped recipe (``taspo-recipes list``). The YAML follows TRL's
+``TrlParser`` conventions: top-level keys are fields of the script arguments below, of the method's config class
+(``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the ``method: sft`` warm start on expert
+demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of environment variables
+is exported first (as in TRL; the environment to train in is the ``environment:`` key); command-line flags override
+the file.
 """
 
 from __future__ import annotations

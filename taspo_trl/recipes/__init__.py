@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taspo-recipes: {error}", file=sys.stderr)
         return 2
     if target is not None:
-        launcher = "accelerate launch --config_file" if path.parent.name == "accelerate" else "taspo-train --config"
-        print(f"wrote {target}; run it with: {launcher} {target}")
+        run = (f"accelerate launch --config_file {target} -m taspo_trl.cli --config RECIPE"
+               if path.parent.name == "accelerate" else f"taspo-train --config {target}")
+        print(f"wrote {target}; run it with: {run}")
     elif args.command == "show":
         print(path.read_text(), end="")
     else:
