@@ -142,3 +142,40 @@ def test_a_failing_step_ends_only_its_episode_and_keeps_the_worker(pool, fault):
 def test_a_non_positive_timeout_is_refused():
     with pytest.raises(ValueError, match="step_timeout must be > 0"):
         EnvPool(fault_factory, num_workers=1, step_timeout=0)
+
+
+def test_training_stops_after_saving_when_episodes_keep_failing(tmp_path, tiny_model_dir):
+    from cpu_config import cpu_trainer_kwargs
+    from datasets import Dataset
+    from toy_envs import locker_factory
+
+    from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
+
+    dataset = Dataset.from_list([{"prompt": encode_task_prompt({"target": 3, "fail_reset": True})}])
+    args = AgentGRPOConfig(
+        **cpu_trainer_kwargs(tmp_path / "out", max_steps=5, max_env_error_rate=0.5, env_error_patience=2)
+    )
+    trainer = AgentGRPOTrainer(model=tiny_model_dir, args=args, train_dataset=dataset, env_factory=locker_factory)
+    try:
+        with pytest.raises(RuntimeError, match="env/error_rate was above max_env_error_rate=0.5 for 2 consecutive"):
+            trainer.train()
+    finally:
+        trainer.close()
+    # Every episode fails (rate 1.0): the first batch trains step 1, the second trips the guard before step 2.
+    assert trainer.state.global_step == 1
+    assert sorted(p.name for p in (tmp_path / "out").glob("checkpoint-*")) == ["checkpoint-1"]
+    assert (tmp_path / "out" / "checkpoint-1" / "trainer_state.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [("env_step_timeout", 0.0, "env_step_timeout must be > 0"), ("max_env_error_rate", 1.5, "max_env_error_rate must"),
+     ("env_error_patience", 0, "env_error_patience must be >= 1")],
+)
+def test_guard_settings_are_checked(tmp_path, field, value, message):
+    from cpu_config import cpu_trainer_kwargs
+
+    from taspo_trl import AgentGRPOConfig
+
+    with pytest.raises(ValueError, match=message):
+        AgentGRPOConfig(**cpu_trainer_kwargs(tmp_path / "out", **{field: value}))
