@@ -67,8 +67,9 @@ def bounded() -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def pool() -> Iterator[EnvPool]:
+    """One pool for the module (workers take seconds to spawn); every test leaves it with all episodes closed."""
     pool = EnvPool(fault_factory, num_workers=2, step_timeout=TIMEOUT)
     try:
         yield pool
@@ -95,33 +96,35 @@ def _healthy_round(pool: EnvPool, first_key: int) -> None:
 def test_a_lost_worker_ends_its_episodes_and_is_replaced(pool, fault):
     # Keys go round-robin: 0 and 2 on worker 0, 1 and 3 on worker 1. Key 0's step hangs or kills its worker.
     pool.start({0: {"fault": fault}, 1: {}, 2: {}, 3: {}})
-    before = _pids(pool)
+    before, replaced = _pids(pool), pool.replacements
     results = pool.step({0: "win", 1: "win", 2: "win", 3: "win"})
     assert [results[k].reward for k in range(4)] == [0.0, 1.0, 0.0, 1.0]
     assert results[0].done and results[0].info["error"] and results[2].info["error"]
     assert results[1].info.get("error") is None and results[3].info.get("error") is None
     after = _pids(pool)
-    assert after[0] != before[0] and after[1] == before[1] and pool.replacements == 1
+    assert after[0] != before[0] and after[1] == before[1] and pool.replacements == replaced + 1
     pool.close([0, 1, 2, 3])
     _healthy_round(pool, 10)
 
 
 def test_a_worker_killed_between_calls_is_replaced(pool):
     pool.start({0: {}, 1: {}})
+    replaced = pool.replacements
     os.kill(pool._workers[1][1].pid, signal.SIGKILL)
     pool._workers[1][1].join(timeout=BOUND)
     results = pool.step({0: "win", 1: "win"})
     assert results[0].reward == 1.0 and results[0].info.get("error") is None
     assert results[1].reward == 0.0 and "environment worker 1" in results[1].info["error"]
-    assert pool.replacements == 1
+    assert pool.replacements == replaced + 1
     pool.close([0, 1])
     _healthy_round(pool, 10)
 
 
 def test_a_reset_that_hangs_fails_its_start_and_the_worker_is_replaced(pool):
+    replaced = pool.replacements
     starts = pool.start({0: {"fault": "hang", "at": "reset"}, 1: {}})
     assert "did not answer 'start'" in starts[0].error and starts[1].error is None
-    assert pool.replacements == 1
+    assert pool.replacements == replaced + 1
     pool.close([0, 1])
     _healthy_round(pool, 10)
 
@@ -129,12 +132,12 @@ def test_a_reset_that_hangs_fails_its_start_and_the_worker_is_replaced(pool):
 @pytest.mark.parametrize("fault", ["raise", "unpicklable"])
 def test_a_failing_step_ends_only_its_episode_and_keeps_the_worker(pool, fault):
     pool.start({0: {"fault": fault}, 1: {}, 2: {}, 3: {}})
-    before = _pids(pool)
+    before, replaced = _pids(pool), pool.replacements
     results = pool.step({0: "win", 1: "win", 2: "win", 3: "win"})
     assert results[0].reward == 0.0 and results[0].done and results[0].info["error"]
     # key 2 lives on the same worker as key 0 and is untouched
     assert [results[k].reward for k in (1, 2, 3)] == [1.0, 1.0, 1.0]
-    assert _pids(pool) == before and pool.replacements == 0
+    assert _pids(pool) == before and pool.replacements == replaced
     pool.close([0, 1, 2, 3])
     _healthy_round(pool, 10)
 
