@@ -266,12 +266,11 @@ class EnvPool:
             except (BrokenPipeError, OSError) as exc:
                 results[w] = _WorkerLost(f"environment worker {w} is gone: {exc!r}")
         results.update(self._gather([w for w in by_worker if w not in results], command))
+        self._replace({w: str(r) for w, r in results.items() if isinstance(r, _WorkerLost)})
         for w, items in by_worker.items():
             result = results[w]
             if isinstance(result, Exception):
                 logger.error("environment worker %d failed: %s", w, result)
-                if isinstance(result, _WorkerLost):
-                    self._replace(w, str(result))
                 result = [on_failure(value, str(result)) for _, value in items]
             for (key, value), r in zip(items, result, strict=True):
                 out[key] = on_failure(value, r.error) if isinstance(r, _ItemError) else r
@@ -300,18 +299,21 @@ class EnvPool:
         except (EOFError, OSError) as exc:
             return _WorkerLost(f"environment worker process {process.pid} died: {exc!r}")
 
-    def _replace(self, w: int, reason: str) -> None:
-        conn, process = self._workers[w]
-        process.kill()
-        process.join(timeout=5)
-        conn.close()
-        for key, owner in self._owner.items():
-            if owner == w:
-                self._lost[key] = f"environment worker was replaced: {reason}"
-        self._workers[w] = self._spawn()
-        self._await_ready(w)
-        self.replacements += 1
-        logger.error("environment worker %d replaced; its episodes end with an error", w)
+    def _replace(self, reasons: dict[int, str]) -> None:
+        """Kills the given workers and starts fresh ones, all at once: start-up is seconds of imports each."""
+        for w, reason in reasons.items():
+            conn, process = self._workers[w]
+            process.kill()
+            process.join(timeout=5)
+            conn.close()
+            for key, owner in self._owner.items():
+                if owner == w:
+                    self._lost[key] = f"environment worker was replaced: {reason}"
+            self._workers[w] = self._spawn()
+        for w in reasons:
+            self._await_ready(w)
+            self.replacements += 1
+            logger.error("environment worker %d replaced; its episodes end with an error", w)
 
     def __del__(self) -> None:
         self.shutdown()
