@@ -2,20 +2,27 @@
 
 Text games are CPU-bound Python, so with ``num_workers > 0`` each worker process owns a share of the
 batch's episodes and all of them step concurrently. A failing environment never takes the batch down:
-its episode ends with an error observation, reward 0 and ``info["error"]`` set.
+its episode ends with an error observation, reward 0 and ``info["error"]`` set. That includes a worker that
+dies, or that does not answer within ``step_timeout`` seconds: it is killed and replaced by a fresh one, and
+every episode it held ends with an error.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import pickle
+import time
 import traceback
+from multiprocessing.connection import wait
 from dataclasses import dataclass
 from typing import Any
 
 from ..envs.base import AgentEnv, EnvFactory, StepResult
 
 logger = logging.getLogger(__name__)
+
+_START_TIMEOUT = 300.0  # seconds for a fresh worker to spawn and import its environment's modules
 
 
 @dataclass
@@ -120,8 +127,31 @@ class _LocalEpisodes:
         return [None] * len(items)
 
 
+class _WorkerLost(RuntimeError):
+    """The worker died or stayed silent past the deadline: it must be replaced."""
+
+
+@dataclass
+class _ItemError:
+    """Stands in for one result the worker could not send back (e.g. an ``info`` holding a lock)."""
+
+    error: str
+
+
+def _picklable(results: list[Any]) -> list[Any]:
+    out = []
+    for result in results:
+        try:
+            pickle.dumps(result)
+            out.append(result)
+        except Exception as exc:  # pickling raises TypeError, AttributeError, PicklingError, ...
+            out.append(_ItemError(f"result could not be sent from the worker: {exc!r}"))
+    return out
+
+
 def _worker(conn: Any, factory: EnvFactory) -> None:
     episodes = _LocalEpisodes(factory)
+    conn.send("ready")  # imports are done: from here on, the pool's per-call deadline is fair
     while True:
         try:
             command, payload = conn.recv()
@@ -134,7 +164,10 @@ def _worker(conn: Any, factory: EnvFactory) -> None:
             result = getattr(episodes, command)(payload)
         except Exception:
             result = RuntimeError(traceback.format_exc())
-        conn.send(result)
+        try:
+            conn.send(result)
+        except Exception:  # an unpicklable result fails its own episode; the worker and its other episodes live on
+            conn.send(_picklable(result) if isinstance(result, list) else RuntimeError(traceback.format_exc()))
 
 
 class EnvPool:
@@ -144,27 +177,52 @@ class EnvPool:
         factory: builds one episode from a task spec; must be picklable (a module-level function) when
             ``num_workers > 0``.
         num_workers: 0 runs every environment in this process; N > 0 spreads episodes over N processes.
+        step_timeout: seconds a worker may take to answer one call (reset, step or close of all its episodes
+            in that call). A worker past it, or one that died, is killed and replaced, and every episode it held
+            ends with an environment error. In process (``num_workers=0``) there is no hard timeout: a Python
+            call cannot be interrupted safely, so use workers for environments that can hang.
     """
 
-    def __init__(self, factory: EnvFactory, num_workers: int = 0):
+    def __init__(self, factory: EnvFactory, num_workers: int = 0, step_timeout: float = 300.0):
+        if step_timeout <= 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {step_timeout}.")
         self.factory = factory
         self.num_workers = num_workers
+        self.step_timeout = step_timeout
         self._local = _LocalEpisodes(factory) if num_workers == 0 else None
         self._workers: list[tuple[Any, Any]] = []
         self._owner: dict[int, int] = {}
-        if num_workers > 0:
-            context = mp.get_context("spawn")
-            for _ in range(num_workers):
-                parent, child = context.Pipe()
-                process = context.Process(target=_worker, args=(child, factory), daemon=True)
-                process.start()
-                self._workers.append((parent, process))
+        self._lost: dict[int, str] = {}  # episodes whose worker was replaced, with the reason
+        self.replacements = 0
+        self._context = mp.get_context("spawn")
+        self._workers = [self._spawn() for _ in range(num_workers)]
+        for w in range(num_workers):
+            self._await_ready(w)
+
+    def _spawn(self) -> tuple[Any, Any]:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=_worker, args=(child, self.factory), daemon=True)
+        process.start()
+        child.close()  # so that the worker's death reads as EOF here instead of a recv that waits forever
+        return parent, process
+
+    def _await_ready(self, w: int) -> None:
+        """Waits out a worker's start-up (spawning and imports), which the per-call deadline does not cover."""
+        conn, process = self._workers[w]
+        if wait([conn], timeout=_START_TIMEOUT) and self._receive(w) == "ready":
+            return
+        process.kill()
+        raise RuntimeError(
+            f"environment worker {w} did not start within {_START_TIMEOUT} s: check that the environment factory "
+            "is a module-level function whose module imports cleanly in a fresh process."
+        )
 
     def start(self, specs: dict[int, dict[str, Any]]) -> dict[int, EpisodeStart]:
         if self._local is not None:
             return dict(zip(specs, self._local.start(list(specs.items())), strict=True))
         for n, key in enumerate(specs):
             self._owner[key] = n % self.num_workers
+            self._lost.pop(key, None)
         return self._scatter("start", specs, _failed_start)
 
     def step(self, actions: dict[int, str]) -> dict[int, StepResult]:
@@ -179,45 +237,83 @@ class EnvPool:
         self._scatter("close", {key: None for key in keys}, lambda _value, _error: None)
         for key in keys:
             self._owner.pop(key, None)
+            self._lost.pop(key, None)
 
     def shutdown(self) -> None:
-        for conn, process in self._workers:
+        for conn, process in getattr(self, "_workers", []):  # also after a constructor that raised
             try:
                 conn.send(("stop", None))
             except (BrokenPipeError, OSError):
                 pass
             process.join(timeout=5)
             if process.is_alive():
-                process.terminate()
+                process.kill()
+            conn.close()
         self._workers = []
 
     def _scatter(self, command: str, payload: dict[int, Any], on_failure: Any) -> dict[int, Any]:
+        out: dict[int, Any] = {}
         by_worker: dict[int, list[tuple[int, Any]]] = {}
         for key, value in payload.items():
-            by_worker.setdefault(self._owner[key], []).append((key, value))
-        sent = {}
+            if key in self._lost:
+                out[key] = on_failure(value, self._lost[key])
+            else:
+                by_worker.setdefault(self._owner[key], []).append((key, value))
+        results: dict[int, Any] = {}
         for w, items in by_worker.items():
             try:
                 self._workers[w][0].send((command, items))
-                sent[w] = None
             except (BrokenPipeError, OSError) as exc:
-                sent[w] = RuntimeError(f"worker {w} is gone: {exc!r}")
-        out: dict[int, Any] = {}
+                results[w] = _WorkerLost(f"environment worker {w} is gone: {exc!r}")
+        results.update(self._gather([w for w in by_worker if w not in results], command))
+        self._replace({w: str(r) for w, r in results.items() if isinstance(r, _WorkerLost)})
         for w, items in by_worker.items():
-            result = sent[w] or self._receive(w)
+            result = results[w]
             if isinstance(result, Exception):
                 logger.error("environment worker %d failed: %s", w, result)
                 result = [on_failure(value, str(result)) for _, value in items]
-            out.update({key: r for (key, _), r in zip(items, result, strict=True)})
+            for (key, value), r in zip(items, result, strict=True):
+                out[key] = on_failure(value, r.error) if isinstance(r, _ItemError) else r
         return {key: out[key] for key in payload}
+
+    def _gather(self, workers: list[int], command: str) -> dict[int, Any]:
+        """Each worker's answer, or an error for one that died or stayed silent past the deadline."""
+        deadline = time.monotonic() + self.step_timeout
+        waiting = {self._workers[w][0]: w for w in workers}
+        results: dict[int, Any] = {}
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            for conn in wait(list(waiting), timeout=remaining):
+                w = waiting.pop(conn)
+                results[w] = self._receive(w)
+        for w in waiting.values():
+            results[w] = _WorkerLost(f"environment worker {w} did not answer {command!r} within {self.step_timeout} s")
+        return results
 
     def _receive(self, w: int) -> Any:
         conn, process = self._workers[w]
         try:
             return conn.recv()
         except (EOFError, OSError) as exc:
-            return RuntimeError(f"worker process {process.pid} died: {exc!r}")
+            return _WorkerLost(f"environment worker process {process.pid} died: {exc!r}")
+
+    def _replace(self, reasons: dict[int, str]) -> None:
+        """Kills the given workers and starts fresh ones, all at once: start-up is seconds of imports each."""
+        for w, reason in reasons.items():
+            conn, process = self._workers[w]
+            process.kill()
+            process.join(timeout=5)
+            conn.close()
+            for key, owner in self._owner.items():
+                if owner == w:
+                    self._lost[key] = f"environment worker was replaced: {reason}"
+            self._workers[w] = self._spawn()
+        for w in reasons:
+            self._await_ready(w)
+            self.replacements += 1
+            logger.error("environment worker %d replaced; its episodes end with an error", w)
 
     def __del__(self) -> None:
         self.shutdown()
-

@@ -72,6 +72,17 @@ class AgentGRPOConfig(GRPOConfig):
             ALFWorld, 4,096 for WebShop and Search-QA).
         env_workers (`int`, defaults to `0`):
             Worker processes stepping environments; 0 runs them in the training process.
+        env_step_timeout (`float`, defaults to `300.0`):
+            Seconds an environment worker may take to reset or step its episodes of one turn. A worker past it,
+            or one that died, is killed and replaced; its episodes end with an environment error. With
+            `env_workers=0` there is no hard timeout (a call in the training process cannot be interrupted
+            safely): use workers for environments that can hang.
+        max_env_error_rate (`float`, defaults to `0.5`):
+            Training stops with an error, after saving a checkpoint, once `env/error_rate` has been above this for
+            `env_error_patience` consecutive rollout batches: training on failed episodes is not training. 1.0
+            turns the guard off.
+        env_error_patience (`int`, defaults to `3`):
+            Consecutive rollout batches above `max_env_error_rate` before training stops.
         invalid_action_penalty (`float`, defaults to `0.0`):
             Subtracted from a trajectory's reward once per turn whose response had no valid action block.
         turn_balanced_loss (`bool`, defaults to `True`):
@@ -108,6 +119,9 @@ class AgentGRPOConfig(GRPOConfig):
     history_window: int = field(default=3, metadata={"help": "Recent steps shown in a turn-layout prompt."})
     max_prompt_tokens: int = field(default=2048, metadata={"help": "Longest prompt before a trajectory is cut."})
     env_workers: int = field(default=0, metadata={"help": "Environment worker processes (0: in-process)."})
+    env_step_timeout: float = field(default=300.0, metadata={"help": "Seconds per worker reset/step call."})
+    max_env_error_rate: float = field(default=0.5, metadata={"help": "Stop when env/error_rate stays above this."})
+    env_error_patience: int = field(default=3, metadata={"help": "Rollout batches above max_env_error_rate."})
     invalid_action_penalty: float = field(default=0.0, metadata={"help": "Reward penalty per invalid turn."})
     turn_balanced_loss: bool = field(default=True, metadata={"help": "Eq. 7 turn-balanced loss normalisation."})
     advantage_epsilon: float = field(default=1e-4, metadata={"help": "delta in the GRPO advantage (Sec. 3.1)."})
@@ -121,6 +135,12 @@ class AgentGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
+        if not self.env_step_timeout > 0:
+            raise ValueError(f"env_step_timeout must be > 0 seconds, got {self.env_step_timeout}.")
+        if not 0.0 <= self.max_env_error_rate <= 1.0:
+            raise ValueError(f"max_env_error_rate must be in [0, 1] (1 turns the guard off), got {self.max_env_error_rate}.")
+        if self.env_error_patience < 1:
+            raise ValueError(f"env_error_patience must be >= 1, got {self.env_error_patience}.")
         if self.turn_balanced_loss and self.loss_type != "dapo":
             raise ValueError(
                 f"turn_balanced_loss=True (Eq. 7) needs loss_type='dapo', got {self.loss_type!r}. "
@@ -225,7 +245,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.chat = ChatFormat(self.processing_class)
         self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
         self.env_factory = env_factory or get_env_factory(args.environment)
-        self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers)
+        self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
+        self._env_error_streak = 0
         self._last_trajectories: list[Trajectory] = []
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
 
@@ -632,11 +653,28 @@ class AgentGRPOTrainer(GRPOTrainer):
         metrics["success/all"].append(sum(w for _, w, *_ in everything) / max(len(everything), 1))
         metrics["env/turns_mean"].append(sum(n for _, _, n, _, _ in everything) / max(len(everything), 1))
         metrics["env/truncated_rate"].append(sum(tr for *_, tr, _ in everything) / max(len(everything), 1))
-        metrics["env/error_rate"].append(sum(e for *_, e in everything) / max(len(everything), 1))
+        error_rate = sum(e for *_, e in everything) / max(len(everything), 1)
+        metrics["env/error_rate"].append(error_rate)
+        if mode == "train":
+            self._guard_env_error_rate(error_rate)
         total_invalid, total_turns = map(sum, zip(*gathered))
         metrics["env/invalid_action_rate"].append(total_invalid / max(total_turns, 1))
         metrics["env/rollout_seconds"].append(rollout_seconds)
         metrics["rows/count"].append(float(len(rows)))
+
+    def _guard_env_error_rate(self, error_rate: float) -> None:
+        """Stops a run whose episodes keep failing, after a checkpoint. The rate is gathered over all processes,
+        so every process decides alike and joins the (collective) save."""
+        self._env_error_streak = self._env_error_streak + 1 if error_rate > self.args.max_env_error_rate else 0
+        if self._env_error_streak < self.args.env_error_patience:
+            return
+        self._save_checkpoint(self.model, trial=None)
+        raise RuntimeError(
+            f"env/error_rate was above max_env_error_rate={self.args.max_env_error_rate} for "
+            f"{self._env_error_streak} consecutive rollout batches (last: {error_rate:.2f}); training stopped after "
+            f"saving checkpoint-{self.state.global_step} in {self.args.output_dir}. The environment errors are in the "
+            "log; fix the environment (or raise max_env_error_rate) and resume with --resume_from_checkpoint."
+        )
 
     def close(self) -> None:
         self.env_pool.shutdown()
