@@ -44,6 +44,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "trl.models.utils.unwrap_model_for_generation": (
         ("model", "accelerator"), ("gather_deepspeed3_params", "gradient_checkpointing_kwargs")),
     "trl.models.prepare_deepspeed": (("model", "accelerator"), ()),
+    "trl.GRPOTrainer._save_checkpoint": (("self", "model"), ("trial",)),  # the env error-rate guard saves first
 }
 
 # (class or function, method of it or of a base class, name it must reference): how TRL reaches an override, or
