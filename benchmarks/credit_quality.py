@@ -167,7 +167,7 @@ def _shared_teacher_scores(trainer: BaselineTrainer, memo: dict) -> None:
     own = trainer._teacher_scores
 
     def scores(trajectories, contexts):
-        key = tuple(contexts)
+        key = tuple(contexts.items())
         if key not in memo:
             memo[key] = own(trajectories, contexts)
         return memo[key]

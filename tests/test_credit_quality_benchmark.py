@@ -42,3 +42,27 @@ def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     assert grpo["failed"]["auc"] in (0.5, None)  # None when no sampled action made progress
     assert all(w == 1.0 for t in trajectories for w in t["weights"]["grpo"])
     assert set(results["methods"]) == {"grpo", "gigpo"}
+
+
+class _TeacherPass:
+    """A trainer's teacher pass reduced to what the benchmark's memo sees: it counts its passes, and each score
+    names the context it was taken under."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def _teacher_scores(self, trajectories, contexts):
+        self.passes += 1
+        return dict(contexts)
+
+
+def test_methods_share_a_teacher_pass_only_under_identical_contexts(credit_quality):
+    memo: dict = {}
+    first, second = _TeacherPass(), _TeacherPass()
+    credit_quality._shared_teacher_scores(first, memo)
+    credit_quality._shared_teacher_scores(second, memo)
+    skills = {(0, 0): "[Skills] heat it", (0, 1): "[Skills] heat it"}
+    guidance = {(0, 0): "[Privileged Guidance] go to", (0, 1): "[Privileged Guidance] go to"}
+    assert first._teacher_scores([], skills) == skills and first.passes == 1
+    assert second._teacher_scores([], skills) == skills and second.passes == 0  # the same contexts: shared
+    assert second._teacher_scores([], guidance) == guidance and second.passes == 1  # same turns, other contexts

@@ -424,7 +424,9 @@ def test_reasoning_setting_is_part_of_the_cache_key(server, tmp_path):
     assert server.stats()["requests"] == 2
 
 
-def test_bad_reasoning_settings_fail_when_the_config_is_built(tmp_path):
+def test_reasoning_settings_are_checked_when_the_config_is_built(tmp_path):
+    # YAML reads a bare `analyzer_reasoning: off` as false.
+    assert TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_reasoning=False)).analyzer_reasoning == "off"
     with pytest.raises(ValueError, match="analyzer_reasoning must be one of"):
         TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_reasoning="disabled"))
     with pytest.raises(ValueError, match="analyzer_reasoning_param must be one of"):
