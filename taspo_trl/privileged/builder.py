@@ -337,17 +337,24 @@ def _extract(group: list[Trajectory], analyzer: Analyzer, settings: _Settings) -
     return _Extraction(validated.accepted, None if validated.accepted else "no_valid_items", stats)
 
 
+def _items_for_target(extraction: _Extraction, target_id: int, stats: PIStats) -> list[EvidenceItem]:
+    """The extracted items a target may be given (those another success supports), counting why there are none."""
+    if extraction.failure:
+        stats.fallbacks[extraction.failure] += 1
+        return []
+    allowed = exclude_target_only(extraction.items, target_id)
+    if not allowed:
+        stats.fallbacks["no_items_after_exclusion"] += 1
+    return allowed
+
+
 def _align(
     group: list[Trajectory], target_id: int, extraction: _Extraction, analyzer: Analyzer, settings: _Settings
 ) -> tuple[str, list[AlignedStatement], PIStats]:
     """P_i for one target: exclusion, alignment, validation, composition (Algorithm 1, lines 8-9)."""
     stats = PIStats(trajectories=1)
-    if extraction.failure:
-        stats.fallbacks[extraction.failure] += 1
-        return "", [], stats
-    allowed = exclude_target_only(extraction.items, target_id)
+    allowed = _items_for_target(extraction, target_id, stats)
     if not allowed:
-        stats.fallbacks["no_items_after_exclusion"] += 1
         return "", [], stats
     target = group[target_id]
     payload = alignment_payload(target_id, target, allowed, settings.char_budget)
@@ -371,12 +378,8 @@ def _success_skills(
     """Skills summarised from the group's successes for one target: the extracted items another success supports,
     in the analyzer's order, composed without alignment (the ``success_skills`` source; no analyzer call here)."""
     stats = PIStats(trajectories=1)
-    if extraction.failure:
-        stats.fallbacks[extraction.failure] += 1
-        return "", [], stats
-    allowed = exclude_target_only(extraction.items, target_id)
+    allowed = _items_for_target(extraction, target_id, stats)
     if not allowed:
-        stats.fallbacks["no_items_after_exclusion"] += 1
         return "", [], stats
     text = compose_pi([item.statement for item in allowed], settings.tokenizer, settings.token_budget)
     _count_outcome(stats, text, "empty_skills")

@@ -479,14 +479,12 @@ def _check_aligned(raw: Any, allowed: set[str], records: list[str]) -> tuple[Ali
     problem = _check_statement(raw.get("statement"))
     if problem:
         return None, problem
-    evidence_ids = raw.get("evidence_ids")
-    if not isinstance(evidence_ids, list) or not evidence_ids:
-        return None, "missing_evidence_ids"
-    if not all(isinstance(eid, str) and eid.strip() in allowed for eid in evidence_ids):
-        return None, "unknown_evidence_id"
+    problem = _check_evidence_ids(raw.get("evidence_ids"), allowed)
+    if problem:
+        return None, problem
     if not _quote_in(raw.get("target_quote"), *records):
         return None, "unsupported_target_quote"
-    return AlignedStatement(raw["statement"].strip(), [eid.strip() for eid in evidence_ids], raw["target_quote"]), None
+    return AlignedStatement(raw["statement"].strip(), [eid.strip() for eid in raw["evidence_ids"]], raw["target_quote"]), None
 
 
 def validate_step_skills(
@@ -526,6 +524,15 @@ def validate_step_skills(
     return result
 
 
+def _check_evidence_ids(evidence_ids: Any, allowed: set[str]) -> str | None:
+    """Why a statement's or a skill's ``evidence_ids`` are unusable, or None: a non-empty list of allowed ids."""
+    if not isinstance(evidence_ids, list) or not evidence_ids:
+        return "missing_evidence_ids"
+    if not all(isinstance(eid, str) and eid.strip() in allowed for eid in evidence_ids):
+        return "unknown_evidence_id"
+    return None
+
+
 def _check_step_skill(raw: Any, allowed: set[str], num_steps: int) -> tuple[StepSkill | None, str | None]:
     if not isinstance(raw, dict):
         return None, "step_skill_not_object"
@@ -535,12 +542,10 @@ def _check_step_skill(raw: Any, allowed: set[str], num_steps: int) -> tuple[Step
     problem = _check_statement(raw.get("skill"))
     if problem:
         return None, problem
-    evidence_ids = raw.get("evidence_ids")
-    if not isinstance(evidence_ids, list) or not evidence_ids:
-        return None, "missing_evidence_ids"
-    if not all(isinstance(eid, str) and eid.strip() in allowed for eid in evidence_ids):
-        return None, "unknown_evidence_id"
-    return StepSkill(step, raw["skill"].strip(), [eid.strip() for eid in evidence_ids]), None
+    problem = _check_evidence_ids(raw.get("evidence_ids"), allowed)
+    if problem:
+        return None, problem
+    return StepSkill(step, raw["skill"].strip(), [eid.strip() for eid in raw["evidence_ids"]]), None
 
 
 # ----------------------------------------------------------------------------------------------- composition
