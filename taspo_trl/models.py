@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +105,7 @@ def _convert_atomically(target: Path) -> None:
         file=sys.stderr,
         flush=True,
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = owned_temporary_dir(target)
     try:
         _export_gguf(gguf_path, tmp)
         try:
@@ -112,6 +115,57 @@ def _convert_atomically(target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# A killed build leaves its hidden sibling behind; the owner's pid and host in the name let a later build tell a
+# dead owner's leftovers (swept) from a live concurrent build's (kept). Other hosts' leftovers (a shared cache)
+# can't be checked, so they go only when older than a day.
+_OWNED = re.compile(r"^\.(?P<name>.+)\.(?:tmp|stale)-(?P<pid>\d+)@(?P<host>[^-]*)-")
+_FOREIGN_MAX_AGE_S = 24 * 3600
+
+
+def _owner_tag() -> str:
+    return f"{os.getpid()}@{socket.gethostname().split('.')[0].replace('-', '_')}-"
+
+
+def owned_temporary_dir(target: Path, kind: str = "tmp") -> Path:
+    """A new hidden sibling of ``target`` (``.NAME.tmp-PID@HOST-XXXX``) to build into, after sweeping the
+    leftovers of builds that were killed (:func:`sweep_stale_temporaries`)."""
+    sweep_stale_temporaries(target)
+    return Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-{_owner_tag()}", dir=target.parent))
+
+
+def sweep_stale_temporaries(target: Path) -> list[Path]:
+    """Remove hidden siblings of ``target`` left by builds whose process is gone; returns what was removed."""
+    removed = []
+    host = _owner_tag().split("@")[1][:-1]
+    for entry in target.parent.glob(f".{target.name}.*-*"):
+        match = _OWNED.match(entry.name)
+        if not match or match["name"] != target.name:
+            continue
+        if match["host"] == host:
+            stale = not _process_alive(int(match["pid"]))
+        else:
+            try:
+                stale = time.time() - entry.stat().st_mtime > _FOREIGN_MAX_AGE_S
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    if removed:
+        print(f"taspo_trl: removed {len(removed)} leftover temporary folder(s) of {target.name}", file=sys.stderr)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _export_gguf(gguf_path: Path, out_dir: Path) -> None:

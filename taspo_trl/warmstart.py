@@ -20,12 +20,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .models import EMBEDDED_MODEL, cache_root, resolve_model_path
+from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
 
 _FINGERPRINT_FILE = "warm_start.json"
 # Modules whose code decides the demonstrations (games, expert, prompts) and so the trained weights.
@@ -151,7 +150,7 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
         flush=True,
     )
     started = time.perf_counter()
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    work = owned_temporary_dir(target)
     try:
         model_dir = work / "model"
         examples = train_warm_start(spec, model_dir, work / "games")
@@ -159,7 +158,8 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
         record = {"name": name, "fingerprint": wanted, "examples": examples, "build_seconds": round(seconds, 1)}
         (model_dir / _FINGERPRINT_FILE).write_text(json.dumps(record, indent=2))
         model_dir.chmod(0o755)
-        stale = target.parent / f".{target.name}.stale-{os.getpid()}"
+        stale = owned_temporary_dir(target, kind="stale")
+        stale.rmdir()  # only its owner-tagged name is wanted: the old target is renamed onto it
         if target.exists():
             os.rename(target, stale)
         os.rename(model_dir, target)

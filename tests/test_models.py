@@ -170,3 +170,66 @@ def test_tiny_model_weights_follow_seed(tmp_path: Path, embedded_model_path: str
     same_a, same_b, other = weights(0, "a"), weights(0, "b"), weights(1, "c")
     assert torch.equal(same_a, same_b)
     assert not torch.equal(same_a, other)
+
+
+_SLOW_CONVERSION = """
+import sys, time
+from pathlib import Path
+from taspo_trl import models
+
+def stuck_export(gguf_path, out_dir):
+    (Path(out_dir) / "model.safetensors").write_bytes(b"half a model")
+    print("writing", flush=True)
+    time.sleep(120)
+
+models._export_gguf = stuck_export
+models.resolve_model_path("embedded")
+"""
+
+
+def test_a_killed_conversion_leaves_a_folder_that_the_next_one_removes(empty_cache: Path, monkeypatch) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    victim = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_CONVERSION], stdout=subprocess.PIPE, text=True, env={**os.environ}
+    )
+    try:
+        assert victim.stdout.readline().strip() == "writing"
+        leftovers = [p for p in (empty_cache / "models").iterdir() if p.name.startswith(".")]
+        assert len(leftovers) == 1 and (leftovers[0] / "model.safetensors").is_file()
+        # Its owner is still converting: a concurrent build must not take the folder away from it.
+        assert models.sweep_stale_temporaries(embedded_model_dir()) == []
+        assert leftovers[0].is_dir()
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    assert leftovers[0].is_dir()  # SIGKILL runs no cleanup
+
+    def fake_export(gguf_path: Path, out_dir: Path) -> None:
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_export_gguf", fake_export)
+    resolve_model_path("embedded")
+    assert sorted(p.name for p in (empty_cache / "models").iterdir()) == ["smollm2-135m-instruct"]
+
+
+def test_leftovers_of_another_host_go_only_when_old(empty_cache: Path) -> None:
+    import os
+    import time
+
+    parent = empty_cache / "models"
+    parent.mkdir()
+    target = parent / "smollm2-135m-instruct"
+    fresh = parent / ".smollm2-135m-instruct.tmp-12345@otherhost-abcd1234"
+    old = parent / ".smollm2-135m-instruct.tmp-12346@otherhost-efgh5678"
+    unrelated = parent / ".another-model.tmp-12347@otherhost-ijkl9012"
+    for folder in (fresh, old, unrelated):
+        folder.mkdir()
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(old, (two_days_ago, two_days_ago))
+    os.utime(unrelated, (two_days_ago, two_days_ago))
+    assert models.sweep_stale_temporaries(target) == [old]
+    assert fresh.is_dir() and unrelated.is_dir() and not old.exists()
