@@ -123,6 +123,22 @@ def test_valid_bank_parses(tmp_path):
     assert [skill.id for skill in bank] == ["s1", "s2"]
 
 
+def test_a_bank_that_is_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "bank.jsonl"
+    good = json.dumps(record(1)).encode()
+    path.write_bytes(good + b"\n" + json.dumps(record(2)).encode().replace(b"skill", b"sk\xe9ll", 1) + b"\n")
+    with pytest.raises(SkillBankError, match=rf"^{re.escape(str(path))}:2: not UTF-8 .*save the skill bank as UTF-8"):
+        SkillBank.load(path)
+
+
+@pytest.mark.parametrize("env", [None, "webshop"])
+def test_an_empty_bank_is_refused(tmp_path, env):
+    lines = [] if env is None else [record(1)]
+    path = write_jsonl(tmp_path / "bank.jsonl", lines)
+    with pytest.raises(SkillBankError, match="holds no skills.*leave skill_bank unset"):
+        SkillBank.load(path, env=env)
+
+
 def test_missing_file_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         SkillBank.load(tmp_path / "nope.jsonl")

@@ -225,9 +225,23 @@ class SkillBank:
             raise FileNotFoundError(
                 f"Skill bank not found: {path} (shipped banks: {', '.join(SHIPPED_BANKS)}; anything else is a path)"
             )
-        skills = parse_skills(path.read_text(encoding="utf-8").splitlines(), source=str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            line = path.read_bytes()[: error.start].count(b"\n") + 1
+            raise SkillBankError(
+                f"{path}:{line}: not UTF-8 text (byte {error.start}); save the skill bank as UTF-8 JSONL"
+            ) from None
+        skills = parse_skills(text.splitlines(), source=str(path))
         if env is not None:
             skills = [skill for skill in skills if skill.env == env]
+        if not skills:
+            scope = f" for environment {env!r}" if env is not None else ""
+            raise SkillBankError(
+                f"{path} holds no skills{scope}; add JSONL lines such as "
+                '{"id": "...", "env": "alfworld", "title": "...", "skill": "..."}, '
+                "or leave skill_bank unset to train without skills"
+            )
         return cls(skills, encoder=encoder, source=str(path), default_k=default_k)
 
     @classmethod
