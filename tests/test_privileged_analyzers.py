@@ -476,3 +476,15 @@ def test_transformers_backend_renders_reasoning_off_in_the_chat_template(tiny_mo
     assert prompt("on") == prompt("server_default") == "hello"
     with pytest.raises(ValueError, match="reasoning must be one of"):
         TransformersAnalyzer(model, tokenizer, reasoning="none")
+
+
+def test_the_openai_analyzer_without_the_openai_package_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "openai", None)  # what an environment without the package looks like
+    args = TASPOConfig(**cpu_trainer_kwargs(
+        tmp_path, analyzer="openai", analyzer_base_url="http://127.0.0.1:9/v1", analyzer_model="m",
+        analyzer_api_key_env="",
+    ))
+    with pytest.raises(ImportError, match=r"pip install 'taspo-trl\[openai\]'.*analyzer: rule"):
+        make_analyzer(args)

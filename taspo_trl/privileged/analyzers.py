@@ -100,7 +100,13 @@ class OpenAICompatibleAnalyzer:
         cache_dir: str | os.PathLike[str] | None = None,
         extra_body: dict[str, Any] | None = None,
     ) -> None:
-        from openai import OpenAI
+        try:
+            from openai import OpenAI
+        except ImportError:
+            raise ImportError(
+                "The openai analyzer needs the openai package: pip install 'taspo-trl[openai]'. "
+                "Or use analyzer: rule (offline, no package needed)."
+            ) from None
 
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
