@@ -134,3 +134,23 @@ def test_cpu_logprobs_match_trls_fused_head(tmp_path, tiny_model_dir):
     assert torch.allclose(ours, trl, atol=1e-5) and torch.allclose(our_entropy, trl_entropy, atol=1e-4)
     for a, b in zip(our_grads, trl_grads):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_each_run_gets_its_own_turns_log_and_earlier_ones_are_kept(tmp_path):
+    from taspo_trl.trainers.grpo import start_turns_log
+
+    out = tmp_path / "out"
+    first = start_turns_log(str(out), resumed=False)
+    with open(first, "a") as handle:
+        handle.write('{"run": 1}\n')
+    second = start_turns_log(str(out), resumed=False)
+    with open(second, "a") as handle:
+        handle.write('{"run": 2}\n')
+    resumed = start_turns_log(str(out), resumed=True)
+    with open(resumed, "a") as handle:
+        handle.write('{"run": 2, "resumed": true}\n')
+    third = start_turns_log(str(out), resumed=False)
+    assert first == second == resumed == third == str(out / "turns.jsonl")
+    assert (out / "turns.1.jsonl").read_text() == '{"run": 1}\n'
+    assert (out / "turns.2.jsonl").read_text() == '{"run": 2}\n{"run": 2, "resumed": true}\n'
+    assert not (out / "turns.jsonl").exists()  # the third run has not written yet

@@ -190,6 +190,19 @@ class AgentGRPOConfig(GRPOConfig):
             )
 
 
+def start_turns_log(output_dir: str, resumed: bool) -> str:
+    """The path of this run's `turns.jsonl`. A fresh run moves an earlier run's file aside to the first free
+    `turns.N.jsonl`, so each file holds one run and none is lost; a resumed run appends to it."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "turns.jsonl")
+    if not resumed and os.path.exists(path):
+        n = 1
+        while os.path.exists(os.path.join(output_dir, f"turns.{n}.jsonl")):
+            n += 1
+        os.rename(path, os.path.join(output_dir, f"turns.{n}.jsonl"))
+    return path
+
+
 def _check_vllm_available() -> None:
     import importlib.util
 
@@ -246,6 +259,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
         self.env_factory = env_factory or get_env_factory(args.environment)
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
+        self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
         self._env_error_streak = 0
         self._last_trajectories: list[Trajectory] = []
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
@@ -568,8 +582,9 @@ class AgentGRPOTrainer(GRPOTrainer):
         ]
         records = [r for chunk in gather_object([records]) for r in chunk]
         if self.accelerator.is_main_process:
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, "turns.jsonl"), "a") as handle:
+            if self._turns_path is None:
+                self._turns_path = start_turns_log(self.args.output_dir, resumed=self.state.global_step > 0)
+            with open(self._turns_path, "a") as handle:
                 handle.writelines(json.dumps(r) + "\n" for r in records)
 
     def _batch_from_rows(self, rows: Rows, mode: str) -> dict[str, Any]:
