@@ -123,12 +123,12 @@ def evaluate_rows(
     """
     import torch
 
-    from .envs.base import PromptTemplate
+    from .envs.base import PromptTemplate, task_spec_from_row
     from .privileged.skillbank import SkillBank, add_skill_guidance
     from .rollout.chat import ChatFormat
     from .rollout.env_pool import EnvPool
     from .rollout.generation import TransformersGenerator
-    from .rollout.loop import run_agent_loop, task_spec_from_row
+    from .rollout.loop import run_agent_loop
 
     chat = ChatFormat(tokenizer)
     skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Mapping, Protocol
 
-from .base import AgentEnv, EnvFactory, PromptTemplate, StepResult
+from .base import AgentEnv, EnvFactory, PromptTemplate, StepResult, encode_task_prompt, task_spec_from_row
 
 
 class Expert(Protocol):
@@ -97,8 +97,10 @@ __all__ = [
     "ExpertFactory",
     "PromptTemplate",
     "StepResult",
+    "encode_task_prompt",
     "get_env_factory",
     "get_expert_factory",
     "register_env",
     "register_expert",
+    "task_spec_from_row",
 ]

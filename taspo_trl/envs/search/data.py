@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from taspo_trl.envs.base import encode_task_prompt
 from taspo_trl.envs.search.env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
 from taspo_trl.jsonl import read_json_objects
 from taspo_trl.envs.search.retrieval import EMBEDDED
@@ -163,8 +164,6 @@ def search_task_rows(
     ``max_tasks`` keeps a seeded random sample (file order is often grouped by dataset, so a plain head would
     drop whole datasets). ``timeout``/``retries`` go into the spec for an HTTP retriever (factory defaults
     otherwise)."""
-    from taspo_trl.rollout.loop import encode_task_prompt
-
     questions = load_questions(source, split, datasets)
     if max_tasks is not None and max_tasks < len(questions):
         keep = sorted(random.Random(seed).sample(range(len(questions)), max_tasks))
