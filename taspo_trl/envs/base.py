@@ -20,6 +20,7 @@ Optional attributes an environment may define (the agent loop reads them with de
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -64,6 +65,16 @@ class AgentEnv(Protocol):
 
 EnvFactory = Callable[[dict[str, Any]], AgentEnv]
 """Builds one episode from a task spec (a dataset row's fields, e.g. ``{"game_file": ...}``)."""
+
+TaskRowBuilder = Callable[[Mapping[str, Any], "int | None"], list[dict[str, Any]]]
+"""Builds the dataset rows, one task each, that ``taspo-train`` and ``taspo-eval`` run an environment on.
+
+Called as ``rows(settings, max_turns)``: ``settings`` are the task-selection arguments of the command line as a
+mapping (``task_source``, ``task_split``, ``max_tasks``, ``games_seed``, ...; ``taspo-eval`` sets ``task_split``
+to the split it evaluates), ``max_turns`` the config's turn cap (``None``: the environment's own). Each row
+names its task as columns or as a JSON object in ``prompt`` (``encode_task_prompt``); an empty list is an error.
+"""
+
 
 def encode_task_prompt(spec: dict[str, Any]) -> str:
     """A task spec as the ``prompt`` of a dataset row, so that TRL's ``rollout_func``, which sees only prompts,

@@ -4,6 +4,7 @@ plays any ALFWorld game on the real TextWorld/ALFWorld engine. ``alfworld`` and 
 
 from taspo_trl.envs.alfworld.env import ALFWorldEnv, alfworld_env_factory, task_spec_rows
 from taspo_trl.envs.alfworld.generator import find_game_files, generate_games
+from taspo_trl.envs.alfworld.rows import alfworld_game_files, alfworld_rows_from_settings
 from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "TASK_TYPES",
     "ALFWorldEnv",
     "alfworld_env_factory",
+    "alfworld_game_files",
+    "alfworld_rows_from_settings",
     "find_game_files",
     "generate_games",
     "task_spec_rows",

@@ -90,6 +90,19 @@ def webshop_task_rows(source: str = "embedded", split: str = "train", max_tasks:
     return rows
 
 
+def webshop_rows_from_settings(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    """WebShop's ``TaskRowBuilder``: ``webshop_task_rows`` of the settings' ``task_source``, ``task_split``,
+    ``max_tasks``, ``games_seed`` (the embedded catalogue's seed) and ``webshop_url``."""
+    return webshop_task_rows(
+        source=settings["task_source"],
+        split=settings["task_split"],
+        max_tasks=settings["max_tasks"],
+        seed=settings["games_seed"],
+        url=settings["webshop_url"],
+        max_turns=max_turns or DEFAULT_MAX_TURNS,
+    )
+
+
 __all__ = [
     "INSTRUCTIONS",
     "SHIPPED_SEED",
@@ -104,6 +117,7 @@ __all__ = [
     "play",
     "purchase_reward",
     "webshop_env_factory",
+    "webshop_rows_from_settings",
     "webshop_task_rows",
     "write_data",
 ]
