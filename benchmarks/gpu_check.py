@@ -177,7 +177,7 @@ def _run_method(method: str, mode: str, model_dir: str, encoder_dir: str | None,
 
     import taspo_trl.trainers.grpo as grpo_module
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
-    from taspo_trl.rollout.loop import encode_task_prompt
+    from taspo_trl.envs.base import encode_task_prompt
     from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
     config_class, trainer_class = {

@@ -35,7 +35,8 @@ from taspo_trl.models import EMBEDDED_MODEL, make_tiny_model_dir, resolve_model_
 from taspo_trl.privileged import RuleBasedAnalyzer, build_batch_pi
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
-from taspo_trl.rollout.loop import run_agent_loop, task_spec_from_row
+from taspo_trl.envs.base import task_spec_from_row
+from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.rollout.scripted import PlannedGenerator
 

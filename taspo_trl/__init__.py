@@ -18,7 +18,7 @@ _EXPORTS = {
     "AlignOPSDConfig": "taspo_trl.trainers.alignopsd",
     "AlignOPSDTrainer": "taspo_trl.trainers.alignopsd",
     "TASPOTrainer": "taspo_trl.trainers.taspo",
-    "encode_task_prompt": "taspo_trl.rollout.loop",
+    "encode_task_prompt": "taspo_trl.envs.base",
     "make_rollout_func": "taspo_trl.rollout.trl_rollout",
 }
 

@@ -3,11 +3,12 @@
     taspo-train --config alfworld_grpo_cpu [--key value ...]
 
 ``--config`` takes a YAML file or the name of a shipped recipe (``taspo-recipes list``). The YAML follows TRL's
-``TrlParser`` conventions: top-level keys are fields of the script arguments below, of the method's config class
-(``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the ``method: sft`` warm start on expert
-demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of environment variables
-is exported first (as in TRL; the environment to train in is the ``environment:`` key); command-line flags override
-the file.
+``TrlParser`` conventions: top-level keys are fields of the script arguments (``script_args.py``), of the
+method's config class (``AgentGRPOConfig`` for ``method: grpo``, ``AgentSFTConfig`` for the ``method: sft`` warm
+start on expert demonstrations) and of ``trl.ModelConfig`` (model path, LoRA settings); an ``env:`` block of
+environment variables is exported first (as in TRL; the environment to train in is the ``environment:`` key);
+command-line flags override the file. ``--env_module my_envs`` imports a module that registers your own
+environments (``taspo_trl.envs.register_env``) before the environment is looked up.
 """
 
 from __future__ import annotations
@@ -16,50 +17,16 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .envs import build_task_rows
+from .script_args import AgentScriptArguments, import_env_module, resolve_config_argv
+
 logger = logging.getLogger("taspo_trl")
-
-
-@dataclass
-class AgentScriptArguments:
-    """What to train on, beyond the trainer config (whose `environment` field names the benchmark).
-
-    Parameters:
-        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS`, or `sft`
-            for a warm start on the environment's expert demonstrations (TRL's `SFTTrainer`).
-        games_dir (`str`): ALFWorld game folder; generated there with the embedded generator when it holds no
-            `.tw-pddl` file. Official games (`$ALFWORLD_DATA/json_2.1.1/train`) work the same way.
-        games_per_type (`int`, defaults to `2`): generated games per task family when generating.
-        games_seed (`int`, defaults to `0`): generator seed.
-        games_split (`str`, defaults to `"train"`): generator split (`train`, `eval_seen`, `eval_unseen`).
-        task_source (`str`, defaults to `"embedded"`): Search-QA: `embedded` or a folder of the official
-            Search-R1 files; WebShop: `embedded`.
-        task_split (`str`, defaults to `"train"`): Search-QA `train`/`test`; WebShop `train`/`eval`.
-        datasets (`list[str]` or `None`): Search-QA datasets to use from `task_source` (default: all found).
-        retriever (`str`, defaults to `"embedded"`): Search-QA retriever: `embedded` (bm25s over the shipped
-            corpus) or the URL of a Search-R1-style retrieval server (`http://127.0.0.1:8000`).
-        retrieval_topk (`int`, defaults to `3`): Search-QA documents per search.
-        webshop_url (`str` or `None`): WebShop: URL of a running official WebShop server; `None` = embedded.
-        max_tasks (`int` or `None`): use at most this many tasks (after sorting, for reproducibility).
-    """
-
-    method: str = field(default="grpo", metadata={"help": "Credit method (a key of taspo_trl.trainers.CONFIGS)."})
-    games_dir: str = field(default="outputs/alfworld_games/train", metadata={"help": "ALFWorld game folder."})
-    games_per_type: int = field(default=2, metadata={"help": "Generated games per task family."})
-    games_seed: int = field(default=0, metadata={"help": "Generator seed."})
-    games_split: str = field(default="train", metadata={"help": "Generator split."})
-    task_source: str = field(default="embedded", metadata={"help": "Search-QA/WebShop task source."})
-    task_split: str = field(default="train", metadata={"help": "Search-QA/WebShop split."})
-    datasets: list[str] | None = field(default=None, metadata={"help": "Search-QA datasets."})
-    retriever: str = field(default="embedded", metadata={"help": "Search-QA retriever: embedded or a URL."})
-    retrieval_topk: int = field(default=3, metadata={"help": "Search-QA documents per search."})
-    webshop_url: str | None = field(default=None, metadata={"help": "Official WebShop server URL."})
-    max_tasks: int | None = field(default=None, metadata={"help": "Use at most this many tasks."})
 
 
 def _method_config_class(method: str) -> type:
@@ -73,24 +40,6 @@ def _method_config_class(method: str) -> type:
     return CONFIGS[method]
 
 
-def resolve_config_argv(argv: list[str], program: str) -> list[str]:
-    """``argv`` with the value of ``--config`` made a file path: a file that exists is used as it is, anything
-    else names a shipped recipe (``alfworld_taspo_cpu``, ``paper/search/taspo_lora``), so an installed wheel
-    runs its recipes from any directory."""
-    from .recipes import find_recipe
-
-    if "--config" not in argv[:-1]:
-        return argv
-    at = argv.index("--config") + 1
-    if Path(argv[at]).is_file():
-        return argv
-    try:
-        path = find_recipe(argv[at])
-    except ValueError as error:
-        raise SystemExit(f"{program}: --config {argv[at]}: no such file, and {error}.") from None
-    return [*argv[:at], str(path), *argv[at + 1 :]]
-
-
 def _method_from_argv(argv: list[str]) -> str:
     peek = argparse.ArgumentParser(add_help=False)
     peek.add_argument("--config")
@@ -102,64 +51,6 @@ def _method_from_argv(argv: list[str]) -> str:
         data = yaml.safe_load(Path(known.config).read_text()) or {}
         return str(data.get("method", "grpo"))
     return "grpo"
-
-
-def alfworld_game_files(games_dir: str | Path, per_type: int, seed: int, split: str) -> list[Path]:
-    """The ``.tw-pddl`` files of a folder, generating ``per_type`` games per family there when it has none."""
-    from .envs.alfworld import find_game_files, generate_games
-
-    games_dir = Path(games_dir)
-    files = find_game_files(games_dir) if games_dir.exists() else []
-    if not files:
-        print(
-            f"[taspo] no games in {games_dir}: generating {per_type} per task family (split={split}, seed={seed})",
-            flush=True,
-        )
-        files = generate_games(games_dir, per_type, seed, split)
-    return sorted(files)
-
-
-def build_task_rows(environment: str, script_args: AgentScriptArguments, max_turns: int | None = None) -> list[dict]:
-    """The dataset rows (one task each) of ``environment``, as selected by the script arguments."""
-    turn_cap = {"max_turns": max_turns} if max_turns else {}  # else the environment's own limit
-    if environment == "alfworld":
-        from .envs.alfworld import task_spec_rows
-
-        files = alfworld_game_files(
-            script_args.games_dir, script_args.games_per_type, script_args.games_seed, script_args.games_split
-        )
-        rows = task_spec_rows(files[: script_args.max_tasks] if script_args.max_tasks else files)
-    elif environment == "search":
-        from .envs.search import search_task_rows
-
-        rows = search_task_rows(
-            source=script_args.task_source,
-            split=script_args.task_split,
-            datasets=script_args.datasets,
-            max_tasks=script_args.max_tasks,
-            retriever=script_args.retriever,
-            topk=script_args.retrieval_topk,
-            **turn_cap,
-        )
-    elif environment == "webshop":
-        from .envs.webshop import webshop_task_rows
-
-        rows = webshop_task_rows(
-            source=script_args.task_source,
-            split=script_args.task_split,
-            max_tasks=script_args.max_tasks,
-            seed=script_args.games_seed,
-            url=script_args.webshop_url,
-            **turn_cap,
-        )
-    else:
-        raise SystemExit(
-            f"taspo: environment {environment!r} has no task builder; use alfworld, search or webshop, or build "
-            "the dataset in Python and call the trainer directly (see README, 'Bring your own environment')."
-        )
-    if not rows:
-        raise SystemExit(f"taspo: no tasks found for environment {environment!r} with {script_args}.")
-    return rows
 
 
 def build_trainer(
@@ -183,13 +74,14 @@ def build_trainer(
         argv = [*argv, "--baseline", method]
     parser = TrlParser((AgentScriptArguments, config_class, ModelConfig))
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
+    import_env_module(script_args.env_module, "taspo-train")
     logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
 
     name = model_override or model_args.model_name_or_path
     if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
     model_path = resolve_policy_path(name)
-    rows = build_task_rows(config.environment, script_args, config.max_turns)
+    rows = build_task_rows(config.environment, asdict(script_args), config.max_turns)
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
     dataset = Dataset.from_list(rows)

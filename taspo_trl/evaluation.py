@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ class EvalArguments:
         model_name_or_path (`str`, defaults to `"embedded:smollm2-135m-instruct"`): checkpoint, Hub name or
             the embedded model. A PEFT adapter folder is loaded on top of its base model.
         label (`str` or `None`): the row name in the results table (default: the method, else the model).
-        environment (`str`, defaults to `"alfworld"`): `alfworld`, `webshop` or `search`.
+        environment (`str`, defaults to `"alfworld"`): `alfworld`, `webshop`, `search` or one you registered
+            with its task rows (`--env_module`).
         splits (`list[str]` or `None`): default ALFWorld `eval_seen eval_unseen` (generated under
-            `games_root/<split>`), WebShop `eval` (the 128 fixed goals), Search-QA `test`.
+            `games_root/<split>`), WebShop `eval` (the 128 fixed goals), Search-QA `test`; required for your own
+            environments, whose row builder receives each as `task_split`.
         games_root (`str`, defaults to `"outputs/alfworld_games"`): parent folder of the ALFWorld split folders.
         layout (`str`, defaults to `"turn"`), history_window (`int`, defaults to `3`), max_turns (`int` or
             `None`), max_prompt_tokens (`int` or `None`), max_completion_length (`int`, defaults to `512`):
@@ -66,7 +68,7 @@ class EvalArguments:
 
     model_name_or_path: str = field(default="embedded:smollm2-135m-instruct", metadata={"help": "Model to evaluate."})
     label: str | None = field(default=None, metadata={"help": "Row name in the results table."})
-    environment: str = field(default="alfworld", metadata={"help": "alfworld, webshop or search."})
+    environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
     splits: list[str] | None = field(default=None, metadata={"help": "Splits to evaluate."})
     games_root: str = field(default="outputs/alfworld_games", metadata={"help": "ALFWorld split folders' parent."})
     layout: str = field(default="turn", metadata={"help": "turn or sequence."})
@@ -123,12 +125,12 @@ def evaluate_rows(
     """
     import torch
 
-    from .envs.base import PromptTemplate
+    from .envs.base import PromptTemplate, task_spec_from_row
     from .privileged.skillbank import SkillBank, add_skill_guidance
     from .rollout.chat import ChatFormat
     from .rollout.env_pool import EnvPool
     from .rollout.generation import TransformersGenerator
-    from .rollout.loop import run_agent_loop, task_spec_from_row
+    from .rollout.loop import run_agent_loop
 
     chat = ChatFormat(tokenizer)
     skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
@@ -169,15 +171,14 @@ def evaluate_rows(
 
 
 def _split_rows(split: str, args: EvalArguments, script_args: Any) -> list[dict[str, Any]]:
-    from dataclasses import replace
+    from .envs import build_task_rows
 
-    from .cli import build_task_rows
-
+    settings = asdict(script_args)
     if args.environment == "alfworld":
-        chosen = replace(script_args, games_dir=str(Path(args.games_root) / split), games_split=split)
+        settings.update(games_dir=str(Path(args.games_root) / split), games_split=split)
     else:
-        chosen = replace(script_args, task_split=split)
-    return build_task_rows(args.environment, chosen, args.max_turns)
+        settings.update(task_split=split)
+    return build_task_rows(args.environment, settings, args.max_turns)
 
 
 def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]]:
@@ -187,7 +188,7 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
     from .envs import get_env_factory
     from .models import load_model_and_tokenizer
     from .warmstart import resolve_policy_path
-    from .reporting import render_results_table, render_steps_table
+    from .reporting import PAPER_ENVS, render_groups_table, render_results_table, render_steps_table
 
     splits = args.splits or DEFAULT_SPLITS.get(args.environment)
     if not splits:
@@ -216,7 +217,7 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
         path.write_text(json.dumps(result, indent=2))
         print(f"[taspo-eval] wrote {path}", flush=True)
         results.append(result)
-    table = render_results_table(results)
+    table = (render_results_table if args.environment in PAPER_ENVS else render_groups_table)(results)
     if args.environment == "alfworld":  # Table 4: mean steps of the successful episodes
         table += "\n\nMean steps of successful episodes:\n\n" + render_steps_table(results)
     (out_dir / "results.md").write_text(table + "\n")
@@ -228,7 +229,7 @@ def eval_main(argv: list[str] | None = None) -> None:
     """``taspo-eval``: parse flags (and an optional recipe), evaluate, print the table."""
     from trl import TrlParser
 
-    from .cli import AgentScriptArguments, resolve_config_argv
+    from .script_args import AgentScriptArguments, import_env_module, resolve_config_argv
 
     argv = resolve_config_argv(list(sys.argv[1:] if argv is None else argv), "taspo-eval")
     parser = TrlParser((AgentScriptArguments, EvalArguments))
@@ -237,6 +238,7 @@ def eval_main(argv: list[str] | None = None) -> None:
     )
     if unknown:
         raise SystemExit(f"taspo-eval: unknown arguments {unknown}; see taspo-eval --help.")
+    import_env_module(script_args.env_module, "taspo-eval")
     logging.basicConfig(level=logging.WARNING)
     run_evaluation(args, script_args)
 

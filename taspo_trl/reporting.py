@@ -4,6 +4,7 @@
     plot_training_curves    Figures 4-5: one panel per metric, one line per run, optional EMA smoothing
     render_results_table    Table 1: ALFWorld families (seen | unseen), WebShop Score / Succ., Search-QA EM + Avg.
     render_steps_table      Table 4's "ALF Steps": mean steps of successful ALFWorld episodes per family
+    render_groups_table     success per task group, for an environment the papers have no table for (yours)
     main                    the ``taspo-report`` command (``curves`` and ``table``)
 
 An evaluation result is the JSON written by ``taspo-eval``: ``env``, ``model``, ``method``, ``split`` and
@@ -30,6 +31,7 @@ __all__ = [
     "load_log_history",
     "main",
     "plot_training_curves",
+    "render_groups_table",
     "render_results_table",
     "render_steps_table",
 ]
@@ -61,6 +63,9 @@ _METRIC_TITLES = {
     "pi/coverage": "PI coverage",
     "taspo/fallback/no_pi": "TASPO fallback: no PI",
 }
+
+PAPER_ENVS: tuple[str, ...] = ("alfworld", "webshop", "search")
+"""The environments with a Table 1 layout (``render_results_table``); others get ``render_groups_table``."""
 
 ALFWORLD_FAMILIES: tuple[tuple[str, str], ...] = (
     ("pick_and_place_simple", "Pick"),
@@ -348,15 +353,34 @@ def render_steps_table(
     return _render(table, fmt, digits, bold_best)
 
 
-def _common_env(results: Sequence[Mapping[str, Any]]) -> str:
+def render_groups_table(
+    results: Sequence[Mapping[str, Any]], fmt: str = "markdown", digits: int = 1, bold_best: bool = False
+) -> str:
+    """Success (%) per task group (the trajectories' ``task_type``, sorted by name) and "All" (the overall
+    success), one row per method (per method and split when results of several splits are given): the table of
+    an environment the papers have none for, such as one you registered. Raises as ``render_results_table``."""
+    _common_env(results, known=None)
+    names = sorted({str(name) for result in results for name in result.get("groups", {})})
+    rows = []
+    for label, result in _labelled_rows(results):
+        groups = result.get("groups", {})
+        entries = [groups.get(name) for name in names] + [result.get("overall")]
+        rows.append((label, [_scaled(e.get("success"), 100.0) if e else None for e in entries]))
+    return _render(_Table(names + ["All"], rows, None), fmt, digits, bold_best)
+
+
+def _common_env(results: Sequence[Mapping[str, Any]], known: tuple[str, ...] | None = PAPER_ENVS) -> str:
     if not results:
         raise ValueError("no evaluation results to tabulate.")
     envs = {r.get("env") for r in results}
     if len(envs) != 1:
         raise ValueError(f"results mix environments {sorted(map(str, envs))}; render one table per environment.")
     env = envs.pop()
-    if env not in ("alfworld", "webshop", "search"):
-        raise ValueError(f"unknown env {env!r}: expected 'alfworld', 'webshop' or 'search'.")
+    if known is not None and env not in known:
+        raise ValueError(
+            f"unknown env {env!r}: expected 'alfworld', 'webshop' or 'search' (render_groups_table tabulates any "
+            "environment)."
+        )
     return env
 
 
@@ -537,7 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         results = [_read_result(path) for path in args.results]
         options = {"fmt": args.format, "digits": args.digits, "bold_best": args.bold_best}
-        text = render_results_table(results, **options)
+        render = render_results_table if results[0].get("env") in PAPER_ENVS else render_groups_table
+        text = render(results, **options)
         if results[0].get("env") == "alfworld":
             heading = "%" if args.format == "latex" else "####"
             text = (

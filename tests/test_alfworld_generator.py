@@ -14,8 +14,6 @@ from taspo_trl.envs.alfworld import generator
 from taspo_trl.envs.alfworld.cli import main as cli_main
 from taspo_trl.envs.alfworld.generator import (
     SPLITS,
-    TASK_SHORT_NAMES,
-    TASK_TYPES,
     UNSEEN_OBJECT_TYPES,
     GenerationError,
     SolveReport,
@@ -26,6 +24,7 @@ from taspo_trl.envs.alfworld.generator import (
     split_floorplans,
     task_choices,
 )
+from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
 
 
 @pytest.fixture(scope="session")

@@ -121,7 +121,7 @@ def test_prompt_skill_bank_shows_the_task_skills_in_every_eval_prompt(tmp_path, 
 def test_prompt_skill_bank_is_a_taspo_eval_flag():
     from trl import TrlParser
 
-    from taspo_trl.cli import AgentScriptArguments
+    from taspo_trl.script_args import AgentScriptArguments
 
     _, args = TrlParser((AgentScriptArguments, EvalArguments)).parse_args_and_config(
         args=["--prompt_skill_bank", "alfworld", "--prompt_skill_top_k", "3"])

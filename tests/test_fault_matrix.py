@@ -578,14 +578,8 @@ NO_SUFFIX_PLAN = ["go to shelf", "take pen from shelf", "go to desk", "move pen 
 @pytest.fixture(scope="module")
 def no_suffix_game(tmp_path_factory) -> Path:
     pytest.importorskip("alfworld")
-    from taspo_trl.envs.alfworld.generator import (
-        FloorPlan,
-        Scene,
-        TaskChoice,
-        add_task_to_grammar,
-        game_logic,
-        problem_pddl,
-    )
+    from taspo_trl.envs.alfworld.generator import FloorPlan, Scene, TaskChoice, game_logic, problem_pddl
+    from taspo_trl.envs.alfworld.tasks import add_task_to_grammar
 
     domain, grammar = game_logic()
     choice = TaskChoice("pick_and_place_simple", FloorPlan(0, "office", (), (), ()), "Pen", "Desk", "")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from taspo_trl.cli import resolve_config_argv
+from taspo_trl.script_args import resolve_config_argv
 from taspo_trl.recipes import copy_recipe, find_recipe, main, recipe_files
 
 ROOT = Path(__file__).resolve().parent.parent

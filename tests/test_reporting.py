@@ -13,6 +13,7 @@ from taspo_trl.reporting import (
     load_log_history,
     main,
     plot_training_curves,
+    render_groups_table,
     render_results_table,
     render_steps_table,
 )
@@ -295,6 +296,29 @@ def test_webshop_and_search_tables():
     # Avg. is the macro-average over the row's datasets: (40 + 30 + 20 + 90) / 4 = 45.0; (60 + 50 + 70) / 3 = 60.0
     assert lines[2] == "| GRPO | 40.0 | 30.0 | 20.0 | – | 90.0 | 45.0 |"
     assert lines[3] == "| TASPO | 60.0 | 50.0 | – | 70.0 | – | 60.0 |"
+
+
+def test_groups_table_of_a_registered_environment(tmp_path, capsys):
+    def lockers(method: str, split: str, wins: dict[str, tuple[int, int]]) -> dict:
+        groups = {name: {"n": n, "success": w / n, "score": w / n, "mean_steps_success": 1.0}
+                  for name, (w, n) in wins.items()}
+        won, total = sum(w for w, _ in wins.values()), sum(n for _, n in wins.values())
+        return {"env": "lockers", "model": "m", "method": method, "split": split, "num_tasks": total, "seed": 0,
+                "groups": groups, "overall": {"n": total, "success": won / total, "score": won / total,
+                                              "mean_steps_success": 1.0}}
+
+    results = [lockers("GRPO", "test", {"small": (1, 4), "big": (3, 4)}), lockers("TASPO", "test", {"big": (1, 2)})]
+    # Groups sorted by name; All = 4/8 = 50.0 and 1/2 = 50.0; TASPO has no "small" group.
+    assert render_groups_table(results) == (
+        "| Method | big | small | All |\n|---|---:|---:|---:|\n"
+        "| GRPO | 75.0 | 25.0 | 50.0 |\n| TASPO | 50.0 | – | 50.0 |\n"
+    )
+    with pytest.raises(ValueError, match="unknown env 'lockers'.*render_groups_table"):
+        render_results_table(results)
+    path = tmp_path / "lockers_test.json"
+    path.write_text(json.dumps(results[0]))
+    assert main(["table", str(path)]) == 0
+    assert "| GRPO | 75.0 | 25.0 | 50.0 |" in capsys.readouterr().out
 
 
 def test_latex_table_groups_splits_and_escapes():

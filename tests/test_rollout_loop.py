@@ -9,7 +9,8 @@ from taspo_trl.envs.base import PromptTemplate
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.layouts import NOT_POLICY, build_rows
-from taspo_trl.rollout.loop import run_agent_loop, task_spec_from_row
+from taspo_trl.envs.base import task_spec_from_row
+from taspo_trl.rollout.loop import run_agent_loop
 
 from toy_envs import QuizEnv, ScriptedGenerator, locker_factory, quiz_factory
 

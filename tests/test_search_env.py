@@ -30,7 +30,7 @@ from taspo_trl.envs.search import (
 from taspo_trl.envs.search.data import embedded_data_dir
 from taspo_trl.envs.search.env import MAX_QUERY_CHARS
 from taspo_trl.envs.search.generator import write_embedded_data
-from taspo_trl.rollout.loop import task_spec_from_row
+from taspo_trl.envs.base import task_spec_from_row
 
 
 @pytest.fixture(scope="module")

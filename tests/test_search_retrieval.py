@@ -26,7 +26,7 @@ from taspo_trl.envs.search import (
     search_task_rows,
 )
 from taspo_trl.envs.search.server import RetrievalHTTPServer
-from taspo_trl.rollout.loop import task_spec_from_row
+from taspo_trl.envs.base import task_spec_from_row
 
 
 @pytest.fixture(scope="module")

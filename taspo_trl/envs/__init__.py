@@ -1,12 +1,20 @@
-"""Environment adapters, the registry that maps a config name to an environment factory, and the registry of
-each environment's expert (the oracle that expert demonstrations replay)."""
+"""Environment adapters, the registry that maps a config name to an environment factory and its task-row
+builder, and the registry of each environment's expert (the oracle that expert demonstrations replay)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any, Callable, Mapping, Protocol
 
-from .base import AgentEnv, EnvFactory, PromptTemplate, StepResult
+from .base import (
+    AgentEnv,
+    EnvFactory,
+    PromptTemplate,
+    StepResult,
+    TaskRowBuilder,
+    encode_task_prompt,
+    task_spec_from_row,
+)
 
 
 class Expert(Protocol):
@@ -38,7 +46,27 @@ def _webshop() -> EnvFactory:
     return webshop_env_factory
 
 
-_REGISTRY: dict[str, Callable[[], EnvFactory]] = {"alfworld": _alfworld, "search": _search, "webshop": _webshop}
+# The built-in row builders import their environment on first use, like the factory loaders above.
+def _alfworld_rows(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    from .alfworld.rows import alfworld_rows_from_settings
+
+    return alfworld_rows_from_settings(settings, max_turns)
+
+
+def _search_rows(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    from .search.data import search_rows_from_settings
+
+    return search_rows_from_settings(settings, max_turns)
+
+
+def _webshop_rows(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    from .webshop import webshop_rows_from_settings
+
+    return webshop_rows_from_settings(settings, max_turns)
+
+
+_REGISTRY: dict[str, Callable[[], EnvFactory]] = {}
+_ROWS: dict[str, TaskRowBuilder] = {}
 
 
 def _alfworld_expert() -> ExpertFactory:
@@ -64,9 +92,20 @@ _EXPERTS: dict[str, Callable[[], ExpertFactory]] = {
 }
 
 
-def register_env(name: str, factory_loader: Callable[[], EnvFactory]) -> None:
-    """Makes ``env: NAME`` in a config resolve to your environment (``factory_loader()`` returns the factory)."""
+def register_env(name: str, factory_loader: Callable[[], EnvFactory], rows: TaskRowBuilder | None = None) -> None:
+    """Makes ``environment: NAME`` in a config resolve to your environment (``factory_loader()`` returns the
+    factory). ``rows`` builds its dataset rows (``envs.base.TaskRowBuilder``), so that ``taspo-train`` and
+    ``taspo-eval`` run it by name; without it, build the dataset in Python and pass it to the trainer."""
     _REGISTRY[name] = factory_loader
+    if rows is None:
+        _ROWS.pop(name, None)  # a registration replaces any earlier one, builder included
+    else:
+        _ROWS[name] = rows
+
+
+register_env("alfworld", _alfworld, rows=_alfworld_rows)
+register_env("search", _search, rows=_search_rows)
+register_env("webshop", _webshop, rows=_webshop_rows)
 
 
 def register_expert(name: str, expert_loader: Callable[[], ExpertFactory]) -> None:
@@ -84,10 +123,33 @@ def get_expert_factory(name: str) -> ExpertFactory:
     return _EXPERTS[name]()
 
 
-def get_env_factory(name: str) -> EnvFactory:
+def _check_registered(name: str) -> None:
     if name not in _REGISTRY:
-        raise ValueError(f"Unknown environment {name!r}. Known: {sorted(_REGISTRY)}; add yours with register_env().")
+        raise ValueError(
+            f"Unknown environment {name!r}. Known: {sorted(_REGISTRY)}; add yours with "
+            "taspo_trl.envs.register_env() (for taspo-train and taspo-eval: in a module named by --env_module)."
+        )
+
+
+def get_env_factory(name: str) -> EnvFactory:
+    _check_registered(name)
     return _REGISTRY[name]()
+
+
+def build_task_rows(
+    environment: str, settings: Mapping[str, Any], max_turns: int | None = None
+) -> list[dict[str, Any]]:
+    """The dataset rows (one task each) of a registered environment, from its ``TaskRowBuilder``."""
+    _check_registered(environment)
+    if environment not in _ROWS:
+        raise ValueError(
+            f"Environment {environment!r} was registered without a task-row builder: pass rows= to "
+            "taspo_trl.envs.register_env(), or build the dataset in Python and pass it to the trainer."
+        )
+    rows = _ROWS[environment](settings, max_turns)
+    if not rows:
+        raise ValueError(f"No tasks found for environment {environment!r} with {dict(settings)}.")
+    return rows
 
 
 __all__ = [
@@ -97,8 +159,12 @@ __all__ = [
     "ExpertFactory",
     "PromptTemplate",
     "StepResult",
+    "TaskRowBuilder",
+    "build_task_rows",
+    "encode_task_prompt",
     "get_env_factory",
     "get_expert_factory",
     "register_env",
     "register_expert",
+    "task_spec_from_row",
 ]

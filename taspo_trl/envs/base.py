@@ -19,6 +19,8 @@ Optional attributes an environment may define (the agent loop reads them with de
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -63,6 +65,48 @@ class AgentEnv(Protocol):
 
 EnvFactory = Callable[[dict[str, Any]], AgentEnv]
 """Builds one episode from a task spec (a dataset row's fields, e.g. ``{"game_file": ...}``)."""
+
+TaskRowBuilder = Callable[[Mapping[str, Any], "int | None"], list[dict[str, Any]]]
+"""Builds the dataset rows, one task each, that ``taspo-train`` and ``taspo-eval`` run an environment on.
+
+Called as ``rows(settings, max_turns)``: ``settings`` are the task-selection arguments of the command line as a
+mapping (``task_source``, ``task_split``, ``max_tasks``, ``games_seed``, ...; ``taspo-eval`` sets ``task_split``
+to the split it evaluates), ``max_turns`` the config's turn cap (``None``: the environment's own). Each row
+names its task as columns or as a JSON object in ``prompt`` (``encode_task_prompt``); an empty list is an error.
+"""
+
+
+def encode_task_prompt(spec: dict[str, Any]) -> str:
+    """A task spec as the ``prompt`` of a dataset row, so that TRL's ``rollout_func``, which sees only prompts,
+    gets the whole task (``task_spec_from_row`` reads it back)."""
+    return json.dumps(spec, sort_keys=True)
+
+
+def task_spec_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The task spec of a dataset row: its fields, plus the JSON object its ``prompt`` may hold.
+
+    TRL's ``rollout_func`` only receives prompts, so rows built by ``encode_task_prompt`` or an
+    environment's ``task_spec_rows`` carry the whole spec in ``prompt``; other columns are merged on top.
+    """
+    spec: dict[str, Any] = {}
+    prompt = row.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):  # conversational rows
+        prompt = prompt[-1].get("content", "")
+    if isinstance(prompt, str):
+        try:
+            decoded = json.loads(prompt)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            spec.update(decoded)
+    spec.update({k: v for k, v in row.items() if k != "prompt"})
+    if not spec:
+        raise ValueError(
+            f"Cannot read a task from the row {str(row)[:160]!r}. Agent datasets name their task either in "
+            "columns (e.g. `game_file`) or in the `prompt` column as a JSON object built with "
+            "`taspo_trl.encode_task_prompt({...})` / the environment's `task_spec_rows(...)`."
+        )
+    return spec
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Rollouts: trajectory records, the batched multi-turn agent loop, generation backends, row layouts."""
 
 from .layouts import Rows, build_rows
-from .loop import encode_task_prompt, run_agent_loop, task_spec_from_row
+from .loop import run_agent_loop
 from .records import Trajectory, Turn
 from .trl_rollout import make_rollout_func
 
@@ -10,8 +10,6 @@ __all__ = [
     "Trajectory",
     "Turn",
     "build_rows",
-    "encode_task_prompt",
     "make_rollout_func",
     "run_agent_loop",
-    "task_spec_from_row",
 ]

@@ -12,7 +12,6 @@ Two ways to build the prompt of a turn (the row ``layout``):
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Callable
 
@@ -27,37 +26,6 @@ logger = logging.getLogger(__name__)
 
 LAYOUTS = ("turn", "sequence")
 ACTION_TAGS = ("action", "search", "answer")
-
-
-def task_spec_from_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The task spec of a dataset row: its fields, plus the JSON object its ``prompt`` may hold.
-
-    TRL's ``rollout_func`` only receives prompts, so rows built by ``encode_task_prompt`` or an
-    environment's ``task_spec_rows`` carry the whole spec in ``prompt``; other columns are merged on top.
-    """
-    spec: dict[str, Any] = {}
-    prompt = row.get("prompt")
-    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):  # conversational rows
-        prompt = prompt[-1].get("content", "")
-    if isinstance(prompt, str):
-        try:
-            decoded = json.loads(prompt)
-        except json.JSONDecodeError:
-            decoded = None
-        if isinstance(decoded, dict):
-            spec.update(decoded)
-    spec.update({k: v for k, v in row.items() if k != "prompt"})
-    if not spec:
-        raise ValueError(
-            f"Cannot read a task from the row {str(row)[:160]!r}. Agent datasets name their task either in "
-            "columns (e.g. `game_file`) or in the `prompt` column as a JSON object built with "
-            "`taspo_trl.encode_task_prompt({...})` / the environment's `task_spec_rows(...)`."
-        )
-    return spec
-
-
-def encode_task_prompt(spec: dict[str, Any]) -> str:
-    return json.dumps(spec, sort_keys=True)
 
 
 def run_agent_loop(

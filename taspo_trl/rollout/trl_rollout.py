@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..envs.base import EnvFactory, PromptTemplate
+from ..envs.base import EnvFactory, PromptTemplate, task_spec_from_row
 from .chat import ChatFormat
 from .env_pool import EnvPool
 from .generation import generator_for_trainer
 from .layouts import build_rows
-from .loop import run_agent_loop, task_spec_from_row
+from .loop import run_agent_loop
 
 
 def make_rollout_func(

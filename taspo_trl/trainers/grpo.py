@@ -39,12 +39,12 @@ from trl.trainer.utils import pad
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
 from ..privileged.skillbank import SkillBank, add_skill_guidance
-from ..envs import EnvFactory, PromptTemplate, get_env_factory
+from ..envs import EnvFactory, PromptTemplate, get_env_factory, task_spec_from_row
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
 from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows, build_rows
-from ..rollout.loop import LAYOUTS, run_agent_loop, task_spec_from_row
+from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
 from .packing import merge, micro_batch_sizes, repack
 

@@ -24,7 +24,8 @@ import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
 from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
-from ..rollout.loop import LAYOUTS, task_spec_from_row
+from ..envs.base import task_spec_from_row
+from ..rollout.loop import LAYOUTS
 
 
 @dataclass

@@ -3,13 +3,17 @@ plays any ALFWorld game on the real TextWorld/ALFWorld engine. ``alfworld`` and 
 (``pip install "taspo-trl[alfworld]"``) and imported only when a game is generated or played."""
 
 from taspo_trl.envs.alfworld.env import ALFWorldEnv, alfworld_env_factory, task_spec_rows
-from taspo_trl.envs.alfworld.generator import TASK_SHORT_NAMES, TASK_TYPES, find_game_files, generate_games
+from taspo_trl.envs.alfworld.generator import find_game_files, generate_games
+from taspo_trl.envs.alfworld.rows import alfworld_game_files, alfworld_rows_from_settings
+from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
 
 __all__ = [
     "TASK_SHORT_NAMES",
     "TASK_TYPES",
     "ALFWorldEnv",
     "alfworld_env_factory",
+    "alfworld_game_files",
+    "alfworld_rows_from_settings",
     "find_game_files",
     "generate_games",
     "task_spec_rows",

@@ -17,7 +17,7 @@ from typing import Any
 
 
 def _parse_task_types(text: str) -> list[str]:
-    from taspo_trl.envs.alfworld.generator import TASK_SHORT_NAMES, TASK_TYPES
+    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
 
     by_name = {**{t: t for t in TASK_TYPES}, **{s.lower(): t for t, s in TASK_SHORT_NAMES.items()}}
     chosen = []
@@ -31,7 +31,8 @@ def _parse_task_types(text: str) -> list[str]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from taspo_trl.envs.alfworld.generator import TASK_SHORT_NAMES, TASK_TYPES, generate_games
+    from taspo_trl.envs.alfworld.generator import generate_games
+    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
 
     families = args.task_types or TASK_TYPES
     total = args.per_type * len(families)
@@ -60,7 +61,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from taspo_trl.envs.alfworld.env import ALFWorldEnv
-    from taspo_trl.envs.alfworld.generator import TASK_SHORT_NAMES, find_game_files
+    from taspo_trl.envs.alfworld.generator import find_game_files
+    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES
 
     files = find_game_files(args.dir)
     if not files:

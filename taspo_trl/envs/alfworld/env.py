@@ -1,12 +1,7 @@
 """ALFWorld on the real TextWorld engine: one episode of one ``game.tw-pddl`` file.
 
-Plays our generated games and the official ALFWorld ones (``$ALFWORLD_DATA/json_2.1.1/...``) alike: TextWorld's
-``PddlEnv`` runs the PDDL problem and ALFWorld's ``AlfredDemangler`` names things as ALFWorld prints them
-("apple 1", "sinkbasin 1"). ``alfworld`` and ``textworld`` are optional dependencies, imported on first use.
-
-The engine is kept from leaking into the process: ``sys.argv`` is put back after every engine call (Fast
-Downward's translator sets it to ``['translate.py', 'domain', 'task']``). Commands are matched to the
-admissible ones modulo whitespace and case.
+Plays our generated games and the official ALFWorld ones (``$ALFWORLD_DATA/json_2.1.1/...``) alike, on the
+engine of ``engine.py``. Commands are matched to the admissible ones modulo whitespace and case.
 """
 
 from __future__ import annotations
@@ -14,105 +9,18 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
-import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.base import StepResult
+from taspo_trl.envs.alfworld.engine import open_engine
+from taspo_trl.envs.alfworld.tasks import TASK_TYPES, add_task_to_grammar, describe_task
+from taspo_trl.envs.base import StepResult, encode_task_prompt
 
 REQUIRED_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
 TASK_LINE_PREFIX = "Your task is to: "
-_INSTALL_HINT = 'pip install "taspo-trl[alfworld]"'
 _GENERATE_HINT = "generate games with `taspo-alfworld generate --out DIR --per-type N --seed S`"
 _TASK_IN_GRAMMAR = re.compile(r"Your task is to: (.*?)\"")
-
-
-def _require_engine():
-    """TextWorld's PDDL environment and ALFWorld's demangler, or a clear ImportError."""
-    try:
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
-        from textworld.envs import PddlEnv
-    except ImportError as error:
-        raise ImportError(
-            f"ALFWorld environments need the `alfworld` and `textworld[pddl]` packages: {_INSTALL_HINT}"
-        ) from error
-    return textworld.EnvInfos, PddlEnv, AlfredDemangler
-
-
-class _ArgvKeeper:
-    """A context that puts back ``sys.argv`` (the very list object) once the engine code inside it is done.
-
-    Fast Downward's translator rebinds ``sys.argv`` for its option parser, and code that reads arguments
-    after an environment exists (a user's script, argparse) would see those. Calls from several threads
-    overlap safely: the list is put back when the last of them ends.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._inside = 0
-        self._argv: list[str] = []
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._inside == 0:
-                self._argv = sys.argv
-            self._inside += 1
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._lock:
-            self._inside -= 1
-            if self._inside == 0:
-                sys.argv = self._argv
-
-
-_KEEP_ARGV = _ArgvKeeper()
-
-
-class _Engine:
-    """TextWorld's environment, with ``sys.argv`` kept around every call; other attributes pass through."""
-
-    def __init__(self, engine: Any) -> None:
-        self._engine = engine
-
-    def reset(self) -> Any:
-        with _KEEP_ARGV:
-            return self._engine.reset()
-
-    def step(self, command: str) -> Any:
-        with _KEEP_ARGV:
-            return self._engine.step(command)
-
-    def close(self) -> None:
-        with _KEEP_ARGV:
-            self._engine.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-
-def open_engine(game: Mapping[str, Any], with_plan: bool = False) -> Any:
-    """Load game data (a ``.tw-pddl`` dict) into a demangled ``PddlEnv``; ``with_plan`` also asks Fast
-    Downward for ``policy_commands``. Raises ``KeyError`` from deep inside TextWorld for unsolvable problems."""
-    EnvInfos, PddlEnv, AlfredDemangler = _require_engine()
-    infos = EnvInfos(admissible_commands=True, won=True, policy_commands=with_plan)
-    with _KEEP_ARGV:
-        try:
-            pddl_env = PddlEnv(infos)
-        except ImportError as error:  # textworld installed without its [pddl] extra (Fast Downward)
-            raise ImportError(
-                f"ALFWorld environments need Fast Downward from `textworld[pddl]`: {_INSTALL_HINT}"
-            ) from error
-        engine = AlfredDemangler(pddl_env, shuffle=False)
-        engine.load(dict(game))
-    # The demangler names an object without a numeric suffix "desk " (name, space, empty number), so its
-    # commands would read "go to desk " and PddlEnv, which strips the command it is given, would match none.
-    for info in engine._entity_infos.values():
-        if isinstance(info.name, str):
-            info.name = info.name.strip()
-    return _Engine(engine)
 
 
 def _normalize_command(command: str) -> str:
@@ -156,8 +64,6 @@ def _traj_data(game: Mapping[str, Any], path: Path) -> Mapping[str, Any] | None:
 
 def infer_task_type(game: Mapping[str, Any], path: str | Path) -> str | None:
     """The game's family: from its metadata, a sibling ``traj_data.json``, or the official directory name."""
-    from taspo_trl.envs.alfworld.generator import TASK_TYPES
-
     traj_data = _traj_data(game, Path(path))
     if traj_data and traj_data.get("task_type") in TASK_TYPES:
         return traj_data["task_type"]
@@ -176,8 +82,6 @@ def _grammar_with_task(game: Mapping[str, Any], path: Path) -> str:
     traj_data = _traj_data(game, path)
     if not traj_data or "pddl_params" not in traj_data:
         return grammar
-    from taspo_trl.envs.alfworld.generator import add_task_to_grammar, describe_task
-
     # Seeded by the path so a file always shows the same sentence.
     sentence = describe_task(traj_data["task_type"], traj_data["pddl_params"], random.Random(str(path)))
     return add_task_to_grammar(grammar, sentence)
@@ -298,8 +202,6 @@ def task_spec_rows(game_files: Iterable[str | Path]) -> list[dict[str, Any]]:
     ``rollout_func``, which only sees prompts. Reads each file (cheap JSON, no engine), so a missing or corrupt
     file fails here, before training starts.
     """
-    from ...rollout.loop import encode_task_prompt
-
     rows = []
     for game_file in game_files:
         game = read_game_file(game_file)

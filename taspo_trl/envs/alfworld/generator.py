@@ -39,18 +39,14 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-TASK_TYPES: list[str] = [
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-]
-"""The six ALFWorld task families, in ALFWorld's order (its task type ids 1-6)."""
-
-TASK_SHORT_NAMES: dict[str, str] = dict(zip(TASK_TYPES, ["Pick", "Look", "Clean", "Heat", "Cool", "Pick2"]))
-"""The short family names used in the ALFWorld paper's result tables."""
+from taspo_trl.envs.alfworld.engine import open_engine
+from taspo_trl.envs.alfworld.tasks import (
+    TASK_SHORT_NAMES,
+    TASK_TYPES,
+    _require_alfworld,
+    add_task_to_grammar,
+    describe_task,
+)
 
 SPLITS: tuple[str, ...] = ("train", "eval_seen", "eval_unseen")
 
@@ -124,16 +120,6 @@ class SolveReport:
 
 # --------------------------------------------------------------------------------------------------------
 # What the installed alfworld package ships (imported lazily: alfworld is an optional dependency).
-
-
-def _require_alfworld():
-    try:
-        from alfworld.gen import constants, goal_library
-    except ImportError as error:  # pragma: no cover - exercised only without the extra installed
-        raise ImportError(
-            'The embedded ALFWorld needs the `alfworld` and `textworld` packages: pip install "taspo-trl[alfworld]"'
-        ) from error
-    return constants, goal_library
 
 
 def _alfworld_root() -> Path:
@@ -472,21 +458,6 @@ def problem_pddl(choice: TaskChoice, scene: Scene, name: str) -> str:
     )
 
 
-def describe_task(task_type: str, pddl_params: Mapping[str, Any], rng: random.Random) -> str:
-    """The task sentence, filled from ALFWorld's templates exactly as its ``add_task_to_grammar`` does, but
-    drawing the template from ``rng`` so generation stays deterministic."""
-    _, goal_library = _require_alfworld()
-    key = task_type + ("_slice" if pddl_params.get("object_sliced") else "")
-    template = rng.choice(goal_library.gdict[key]["templates"])
-    fields = {"obj": "object_target", "recep": "parent_target", "toggle": "toggle_target", "mrecep": "mrecep_target"}
-    return template.format(**{slot: str(pddl_params.get(key) or "").lower() for slot, key in fields.items()})
-
-
-def add_task_to_grammar(grammar: str, task_description: str) -> str:
-    """Put the task sentence in the grammar's intro (ALFWorld's ``UNKNOWN GOAL`` placeholder)."""
-    return grammar.replace("UNKNOWN GOAL", task_description)
-
-
 # --------------------------------------------------------------------------------------------------------
 # Solvability.
 
@@ -497,8 +468,6 @@ def check_solvable(game: Mapping[str, Any]) -> SolveReport:
     An unsolvable problem makes TextWorld's loader fail deep inside (``KeyError: 'val1'``, Fast Downward's
     placeholder atom for a goal it proved unreachable); it is reported here instead of raised.
     """
-    from taspo_trl.envs.alfworld.env import open_engine
-
     try:
         engine = open_engine(game, with_plan=True)
         state = engine.reset()

@@ -12,6 +12,7 @@ from taspo_trl.envs.search.data import (
     load_embedded_questions,
     load_questions,
     load_search_r1_questions,
+    search_rows_from_settings,
     search_task_rows,
 )
 from taspo_trl.envs.search.env import (
@@ -49,5 +50,6 @@ __all__ = [
     "parse_search_action",
     "play_oracle",
     "search_env_factory",
+    "search_rows_from_settings",
     "search_task_rows",
 ]

@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from taspo_trl.envs.base import encode_task_prompt
 from taspo_trl.envs.search.env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
 from taspo_trl.jsonl import read_json_objects
 from taspo_trl.envs.search.retrieval import EMBEDDED
@@ -146,6 +147,20 @@ def load_questions(source: str = EMBEDDED, split: str = "train", datasets: Itera
     return questions
 
 
+def search_rows_from_settings(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    """Search-QA's ``TaskRowBuilder``: ``search_task_rows`` of the settings' ``task_source``, ``task_split``,
+    ``datasets``, ``max_tasks``, ``retriever`` and ``retrieval_topk``."""
+    return search_task_rows(
+        source=settings["task_source"],
+        split=settings["task_split"],
+        datasets=settings["datasets"],
+        max_tasks=settings["max_tasks"],
+        retriever=settings["retriever"],
+        topk=settings["retrieval_topk"],
+        max_turns=max_turns or DEFAULT_MAX_TURNS,
+    )
+
+
 def search_task_rows(
     source: str = EMBEDDED,
     split: str = "train",
@@ -163,8 +178,6 @@ def search_task_rows(
     ``max_tasks`` keeps a seeded random sample (file order is often grouped by dataset, so a plain head would
     drop whole datasets). ``timeout``/``retries`` go into the spec for an HTTP retriever (factory defaults
     otherwise)."""
-    from taspo_trl.rollout.loop import encode_task_prompt
-
     questions = load_questions(source, split, datasets)
     if max_tasks is not None and max_tasks < len(questions):
         keep = sorted(random.Random(seed).sample(range(len(questions)), max_tasks))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..base import encode_task_prompt
 from .catalog import Catalog, load_catalog
 from .env import INSTRUCTIONS, WebShopEnv, WebShopEpisode, parse_action
 from .generator import SHIPPED_SEED, generate, write_data
@@ -58,8 +59,6 @@ def webshop_task_rows(source: str = "embedded", split: str = "train", max_tasks:
     ``source="official"`` (implied by a ``url``): goals of the server at ``url`` (eval/test 0-499, dev
     500-1499, train 1500-); their instructions are read from the server now, so it must be running.
     """
-    from ...rollout.loop import encode_task_prompt
-
     if url and source == "embedded":  # a configured server wins over the CLI's default source
         source = "official"
     split = SPLIT_ALIASES.get(split, split) if source == "embedded" else split
@@ -91,6 +90,19 @@ def webshop_task_rows(source: str = "embedded", split: str = "train", max_tasks:
     return rows
 
 
+def webshop_rows_from_settings(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
+    """WebShop's ``TaskRowBuilder``: ``webshop_task_rows`` of the settings' ``task_source``, ``task_split``,
+    ``max_tasks``, ``games_seed`` (the embedded catalogue's seed) and ``webshop_url``."""
+    return webshop_task_rows(
+        source=settings["task_source"],
+        split=settings["task_split"],
+        max_tasks=settings["max_tasks"],
+        seed=settings["games_seed"],
+        url=settings["webshop_url"],
+        max_turns=max_turns or DEFAULT_MAX_TURNS,
+    )
+
+
 __all__ = [
     "INSTRUCTIONS",
     "SHIPPED_SEED",
@@ -105,6 +117,7 @@ __all__ = [
     "play",
     "purchase_reward",
     "webshop_env_factory",
+    "webshop_rows_from_settings",
     "webshop_task_rows",
     "write_data",
 ]

@@ -1,0 +1,102 @@
+"""The TextWorld/ALFWorld engine that plays a ``game.tw-pddl`` problem, kept from leaking into the process.
+
+TextWorld's ``PddlEnv`` runs the PDDL problem and ALFWorld's ``AlfredDemangler`` names things as ALFWorld prints
+them ("apple 1", "sinkbasin 1"). ``alfworld`` and ``textworld`` are optional dependencies, imported on first use.
+``sys.argv`` is put back after every engine call (Fast Downward's translator sets it to
+``['translate.py', 'domain', 'task']``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+_INSTALL_HINT = 'pip install "taspo-trl[alfworld]"'
+
+
+def _require_engine():
+    """TextWorld's PDDL environment and ALFWorld's demangler, or a clear ImportError."""
+    try:
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+        from textworld.envs import PddlEnv
+    except ImportError as error:
+        raise ImportError(
+            f"ALFWorld environments need the `alfworld` and `textworld[pddl]` packages: {_INSTALL_HINT}"
+        ) from error
+    return textworld.EnvInfos, PddlEnv, AlfredDemangler
+
+
+class _ArgvKeeper:
+    """A context that puts back ``sys.argv`` (the very list object) once the engine code inside it is done.
+
+    Fast Downward's translator rebinds ``sys.argv`` for its option parser, and code that reads arguments
+    after an environment exists (a user's script, argparse) would see those. Calls from several threads
+    overlap safely: the list is put back when the last of them ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._argv: list[str] = []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._inside == 0:
+                self._argv = sys.argv
+            self._inside += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                sys.argv = self._argv
+
+
+_KEEP_ARGV = _ArgvKeeper()
+
+
+class _Engine:
+    """TextWorld's environment, with ``sys.argv`` kept around every call; other attributes pass through."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def reset(self) -> Any:
+        with _KEEP_ARGV:
+            return self._engine.reset()
+
+    def step(self, command: str) -> Any:
+        with _KEEP_ARGV:
+            return self._engine.step(command)
+
+    def close(self) -> None:
+        with _KEEP_ARGV:
+            self._engine.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def open_engine(game: Mapping[str, Any], with_plan: bool = False) -> Any:
+    """Load game data (a ``.tw-pddl`` dict) into a demangled ``PddlEnv``; ``with_plan`` also asks Fast
+    Downward for ``policy_commands``. Raises ``KeyError`` from deep inside TextWorld for unsolvable problems."""
+    EnvInfos, PddlEnv, AlfredDemangler = _require_engine()
+    infos = EnvInfos(admissible_commands=True, won=True, policy_commands=with_plan)
+    with _KEEP_ARGV:
+        try:
+            pddl_env = PddlEnv(infos)
+        except ImportError as error:  # textworld installed without its [pddl] extra (Fast Downward)
+            raise ImportError(
+                f"ALFWorld environments need Fast Downward from `textworld[pddl]`: {_INSTALL_HINT}"
+            ) from error
+        engine = AlfredDemangler(pddl_env, shuffle=False)
+        engine.load(dict(game))
+    # The demangler names an object without a numeric suffix "desk " (name, space, empty number), so its
+    # commands would read "go to desk " and PddlEnv, which strips the command it is given, would match none.
+    for info in engine._entity_infos.values():
+        if isinstance(info.name, str):
+            info.name = info.name.strip()
+    return _Engine(engine)

@@ -1,0 +1,80 @@
+"""The task-selection arguments that ``taspo-train`` and ``taspo-eval`` share, and how both read ``--config``
+and ``--env_module``."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class AgentScriptArguments:
+    """What to train on, beyond the trainer config (whose `environment` field names the benchmark).
+
+    Parameters:
+        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS`, or `sft`
+            for a warm start on the environment's expert demonstrations (TRL's `SFTTrainer`).
+        games_dir (`str`): ALFWorld game folder; generated there with the embedded generator when it holds no
+            `.tw-pddl` file. Official games (`$ALFWORLD_DATA/json_2.1.1/train`) work the same way.
+        games_per_type (`int`, defaults to `2`): generated games per task family when generating.
+        games_seed (`int`, defaults to `0`): generator seed.
+        games_split (`str`, defaults to `"train"`): generator split (`train`, `eval_seen`, `eval_unseen`).
+        task_source (`str`, defaults to `"embedded"`): Search-QA: `embedded` or a folder of the official
+            Search-R1 files; WebShop: `embedded`.
+        task_split (`str`, defaults to `"train"`): Search-QA `train`/`test`; WebShop `train`/`eval`.
+        datasets (`list[str]` or `None`): Search-QA datasets to use from `task_source` (default: all found).
+        retriever (`str`, defaults to `"embedded"`): Search-QA retriever: `embedded` (bm25s over the shipped
+            corpus) or the URL of a Search-R1-style retrieval server (`http://127.0.0.1:8000`).
+        retrieval_topk (`int`, defaults to `3`): Search-QA documents per search.
+        webshop_url (`str` or `None`): WebShop: URL of a running official WebShop server; `None` = embedded.
+        max_tasks (`int` or `None`): use at most this many tasks (after sorting, for reproducibility).
+        env_module (`str` or `None`): a module to import first, whose import registers your environments
+            (`taspo_trl.envs.register_env`), e.g. `my_envs`; it must be importable (installed or on `PYTHONPATH`).
+    """
+
+    method: str = field(default="grpo", metadata={"help": "Credit method (a key of taspo_trl.trainers.CONFIGS)."})
+    games_dir: str = field(default="outputs/alfworld_games/train", metadata={"help": "ALFWorld game folder."})
+    games_per_type: int = field(default=2, metadata={"help": "Generated games per task family."})
+    games_seed: int = field(default=0, metadata={"help": "Generator seed."})
+    games_split: str = field(default="train", metadata={"help": "Generator split."})
+    task_source: str = field(default="embedded", metadata={"help": "Search-QA/WebShop task source."})
+    task_split: str = field(default="train", metadata={"help": "Search-QA/WebShop split."})
+    datasets: list[str] | None = field(default=None, metadata={"help": "Search-QA datasets."})
+    retriever: str = field(default="embedded", metadata={"help": "Search-QA retriever: embedded or a URL."})
+    retrieval_topk: int = field(default=3, metadata={"help": "Search-QA documents per search."})
+    webshop_url: str | None = field(default=None, metadata={"help": "Official WebShop server URL."})
+    max_tasks: int | None = field(default=None, metadata={"help": "Use at most this many tasks."})
+    env_module: str | None = field(default=None, metadata={"help": "Module that registers your environments."})
+
+
+def resolve_config_argv(argv: list[str], program: str) -> list[str]:
+    """``argv`` with the value of ``--config`` made a file path: a file that exists is used as it is, anything
+    else names a shipped recipe (``alfworld_taspo_cpu``, ``paper/search/taspo_lora``), so an installed wheel
+    runs its recipes from any directory."""
+    from .recipes import find_recipe
+
+    if "--config" not in argv[:-1]:
+        return argv
+    at = argv.index("--config") + 1
+    if Path(argv[at]).is_file():
+        return argv
+    try:
+        path = find_recipe(argv[at])
+    except ValueError as error:
+        raise SystemExit(f"{program}: --config {argv[at]}: no such file, and {error}.") from None
+    return [*argv[:at], str(path), *argv[at + 1 :]]
+
+
+def import_env_module(name: str | None, program: str) -> None:
+    """Import ``--env_module``: registration happens in the process that trains, and ``taspo-train`` and
+    ``taspo-eval`` are console scripts, so a user's environments are registered by importing their module."""
+    if not name:
+        return
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise SystemExit(
+            f"{program}: --env_module {name}: {error}; the module must be importable (installed, or its folder "
+            "on PYTHONPATH)."
+        ) from None
