@@ -14,6 +14,7 @@ environments (``taspo_trl.envs.register_env``) before the environment is looked 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
@@ -24,7 +25,8 @@ from typing import Any
 import yaml
 
 from .envs import build_task_rows
-from .script_args import AgentScriptArguments, import_env_module, resolve_config_argv
+from .models import check_model_reference
+from .script_args import SETUP_ERRORS, AgentScriptArguments, import_env_module, one_line_errors, resolve_config_argv
 
 logger = logging.getLogger("taspo_trl")
 
@@ -80,6 +82,18 @@ def build_trainer(
     name = model_override or model_args.model_name_or_path
     if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
+    check_model_reference(name)
+    check_output_dir(config.output_dir, config.resume_from_checkpoint, script_args.overwrite_output_dir)
+    quantization = _quantization(model_args)
+    # As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
+    # `model_init_kwargs` win where both set a key.
+    config.model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **({"quantization_config": quantization} if quantization else {}),
+        **(config.model_init_kwargs or {}),
+    }
     model_path = resolve_policy_path(name)
     rows = build_task_rows(config.environment, asdict(script_args), config.max_turns)
     if method == "sft":
@@ -94,6 +108,44 @@ def build_trainer(
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )
+
+
+def _quantization(model_args: Any) -> Any:
+    """``trl.get_quantization_config`` for ``load_in_4bit``/``load_in_8bit`` (QLoRA), after the checks that
+    would otherwise fail deep inside the model load."""
+    from trl import get_quantization_config
+
+    if not (model_args.load_in_4bit or model_args.load_in_8bit):
+        return None
+    if not model_args.use_peft:
+        raise ValueError("quantized weights can't be trained directly; add --use_peft true to train LoRA adapters (QLoRA)")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("load_in_4bit/load_in_8bit need a CUDA GPU (bitsandbytes); drop them to train on this machine")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ImportError("load_in_4bit/load_in_8bit need bitsandbytes: pip install bitsandbytes")
+    return get_quantization_config(model_args)
+
+
+def check_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds checkpoints unless the run resumes from one or the user allows
+    overwriting: a new run would silently replace them."""
+    folder = Path(output_dir)
+    checkpoints = sorted(p.name for p in folder.glob("checkpoint-*") if p.is_dir()) if folder.is_dir() else []
+    if checkpoints and not resume_from_checkpoint and not overwrite:
+        raise ValueError(
+            f"output_dir {output_dir} already holds {', '.join(checkpoints)}; resume with --resume_from_checkpoint "
+            "true (or a checkpoint path), pick another --output_dir, or pass --overwrite_output_dir true"
+        )
+
+
+def _resume_argument(value: str | None) -> str | bool | None:
+    """``resume_from_checkpoint`` for ``Trainer.train``: ``true``/``last`` resumes the latest checkpoint of
+    output_dir, a path resumes that one."""
+    if value is None or str(value).lower() in ("", "false", "none"):
+        return None
+    return True if str(value).lower() in ("true", "last") else value
 
 
 def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: Any, callbacks: list | None) -> Any:
@@ -121,9 +173,13 @@ def train_main(argv: list[str] | None = None) -> None:
     """``taspo-train``: parse the recipe, build the dataset and trainer, train, save."""
     from .trainers.progress import ProgressPrinter
 
-    trainer = build_trainer(list(sys.argv[1:] if argv is None else argv), callbacks=[ProgressPrinter()])
+    argv, fail = one_line_errors("taspo-train", list(sys.argv[1:] if argv is None else argv))
     try:
-        trainer.train()
+        trainer = build_trainer(argv, callbacks=[ProgressPrinter()])
+    except SETUP_ERRORS as error:
+        fail(error)
+    try:
+        trainer.train(resume_from_checkpoint=_resume_argument(trainer.args.resume_from_checkpoint))
     finally:
         if hasattr(trainer, "close"):  # the agent trainers' environment workers; SFTTrainer has none
             trainer.close()

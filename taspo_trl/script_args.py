@@ -4,8 +4,12 @@ and ``--env_module``."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
+
+import yaml
 
 
 @dataclass
@@ -31,6 +35,8 @@ class AgentScriptArguments:
         max_tasks (`int` or `None`): use at most this many tasks (after sorting, for reproducibility).
         env_module (`str` or `None`): a module to import first, whose import registers your environments
             (`taspo_trl.envs.register_env`), e.g. `my_envs`; it must be importable (installed or on `PYTHONPATH`).
+        overwrite_output_dir (`bool`, defaults to `False`): `taspo-train` refuses an `output_dir` that already
+            holds `checkpoint-*` folders unless the run resumes (`--resume_from_checkpoint`) or this is set.
     """
 
     method: str = field(default="grpo", metadata={"help": "Credit method (a key of taspo_trl.trainers.CONFIGS)."})
@@ -45,6 +51,9 @@ class AgentScriptArguments:
     retrieval_topk: int = field(default=3, metadata={"help": "Search-QA documents per search."})
     webshop_url: str | None = field(default=None, metadata={"help": "Official WebShop server URL."})
     max_tasks: int | None = field(default=None, metadata={"help": "Use at most this many tasks."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Train into an output_dir that already holds checkpoints, replacing them."}
+    )
     env_module: str | None = field(default=None, metadata={"help": "Module that registers your environments."})
 
 
@@ -57,13 +66,45 @@ def resolve_config_argv(argv: list[str], program: str) -> list[str]:
     if "--config" not in argv[:-1]:
         return argv
     at = argv.index("--config") + 1
-    if Path(argv[at]).is_file():
-        return argv
-    try:
-        path = find_recipe(argv[at])
-    except ValueError as error:
-        raise SystemExit(f"{program}: --config {argv[at]}: no such file, and {error}.") from None
+    path = Path(argv[at])
+    if not path.is_file():
+        try:
+            path = find_recipe(argv[at])
+        except ValueError as error:
+            raise SystemExit(f"{program}: --config {argv[at]}: no such file, and {error}.") from None
+    _check_recipe_shape(path, program)
     return [*argv[:at], str(path), *argv[at + 1 :]]
+
+
+def _check_recipe_shape(path: Path, program: str) -> None:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        problem = " ".join(str(error).split())
+        raise SystemExit(f"{program}: --config {path}: not valid YAML ({problem}).") from None
+    if not isinstance(data, dict):
+        raise SystemExit(
+            f"{program}: --config {path}: a recipe is a YAML mapping of settings (`key: value` lines), "
+            f"not a {type(data).__name__}."
+        )
+
+
+def one_line_errors(program: str, argv: list[str]) -> tuple[list[str], Callable[[BaseException], NoReturn]]:
+    """``argv`` without ``--debug``, and the handler that turns a setup error (bad input found before any work)
+    into one line naming it; with ``--debug`` it re-raises, keeping the traceback."""
+    debug = "--debug" in argv
+
+    def fail(error: BaseException) -> NoReturn:
+        if debug:
+            raise error
+        message = " ".join(str(error).split()) or type(error).__name__
+        raise SystemExit(f"{program}: error: {message} (--debug shows the traceback)") from None
+
+    return [a for a in argv if a != "--debug"], fail
+
+
+SETUP_ERRORS = (ValueError, OSError, ImportError, KeyError)
+"""What a setup step raises on bad input; `one_line_errors` reports these in one line."""
 
 
 def import_env_module(name: str | None, program: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from taspo_trl.envs.base import encode_task_prompt
 from taspo_trl.envs.search.env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
 from taspo_trl.jsonl import read_json_objects
-from taspo_trl.envs.search.retrieval import EMBEDDED
+from taspo_trl.envs.search.retrieval import EMBEDDED, check_retriever_spec
 
 SINGLE_HOP = "embedded_single"
 MULTI_HOP = "embedded_multi"
@@ -178,6 +178,7 @@ def search_task_rows(
     ``max_tasks`` keeps a seeded random sample (file order is often grouped by dataset, so a plain head would
     drop whole datasets). ``timeout``/``retries`` go into the spec for an HTTP retriever (factory defaults
     otherwise)."""
+    check_retriever_spec(retriever)  # a bad spec fails here, not in every episode
     questions = load_questions(source, split, datasets)
     if max_tasks is not None and max_tasks < len(questions):
         keep = sorted(random.Random(seed).sample(range(len(questions)), max_tasks))

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from importlib import resources
@@ -256,16 +257,33 @@ _RETRIEVERS: dict[tuple[Any, ...], Retriever] = {}
 _RETRIEVERS_LOCK = threading.Lock()
 
 
+def check_retriever_spec(spec: str) -> str:
+    """The kind of a retriever spec, ``"embedded"`` or ``"http"``; a ``ValueError`` naming the accepted forms
+    for anything else, and for an ``embedded:PATH`` whose corpus file does not exist."""
+    spec = spec.strip()
+    if spec == EMBEDDED:
+        return EMBEDDED
+    if spec.startswith(EMBEDDED + ":"):
+        corpus = Path(spec[len(EMBEDDED) + 1 :]).expanduser()
+        if not corpus.is_file():
+            raise ValueError(f"retriever {spec!r}: no corpus file at {corpus}.")
+        return EMBEDDED
+    if urllib.parse.urlsplit(spec).scheme in ("http", "https") and urllib.parse.urlsplit(spec).netloc:
+        return "http"
+    raise ValueError(
+        f"Unknown retriever {spec!r}: use 'embedded', 'embedded:/path/corpus.jsonl' or the http(s) URL of a "
+        "retrieval server such as http://127.0.0.1:8000."
+    )
+
+
 def get_retriever(spec: str = EMBEDDED, timeout: float = 10.0, retries: int = 2, backoff: float = 0.5) -> Retriever:
     """The process-wide retriever for ``spec`` (``"embedded"``, a corpus path as ``"embedded:PATH"``, or an
     http(s) URL), built on first use: the env factory runs once per episode and must not rebuild indexes."""
     spec = spec.strip()
-    if spec == EMBEDDED or spec.startswith(EMBEDDED + ":"):
+    if check_retriever_spec(spec) == EMBEDDED:
         key: tuple[Any, ...] = (EMBEDDED, spec[len(EMBEDDED) + 1 :] or None)
-    elif spec.startswith(("http://", "https://")):
-        key = ("http", spec, float(timeout), int(retries), float(backoff))
     else:
-        raise ValueError(f"Unknown retriever {spec!r}: use 'embedded', 'embedded:/path/corpus.jsonl' or an http(s) URL.")
+        key = ("http", spec, float(timeout), int(retries), float(backoff))
     with _RETRIEVERS_LOCK:
         if key not in _RETRIEVERS:
             _RETRIEVERS[key] = BM25Retriever(key[1]) if key[0] == EMBEDDED else HttpRetriever(spec, timeout, retries, backoff)
