@@ -32,14 +32,17 @@ logger = logging.getLogger("taspo_trl")
 
 
 def _method_config_class(method: str) -> type:
-    from .trainers import CONFIGS
+    from .credit.registry import CREDIT_METHODS
+    from .trainers import CONFIGS, method_classes
     from .trainers.sft import AgentSFTConfig
 
     if method == "sft":
         return AgentSFTConfig
-    if method not in CONFIGS:
-        raise SystemExit(f"taspo-train: unknown method {method!r}; choose one of {sorted([*CONFIGS, 'sft'])}.")
-    return CONFIGS[method]
+    try:
+        return method_classes(method)[0]
+    except KeyError:
+        known = sorted({*CONFIGS, *CREDIT_METHODS, "sft"})
+        raise SystemExit(f"taspo-train: unknown method {method!r}; choose one of {known}.") from None
 
 
 def _method_from_argv(argv: list[str]) -> str:
@@ -67,12 +70,12 @@ def build_trainer(
     from trl import ModelConfig, TrlParser, get_peft_config
 
     from .warmstart import resolve_policy_path
-    from .trainers import BASELINES, TRAINERS
+    from .trainers import BaselineConfig, method_classes
 
     argv = resolve_config_argv(argv, "taspo-train")
     method = _method_from_argv(argv)
     config_class = _method_config_class(method)
-    if method in BASELINES and "--baseline" not in argv:
+    if config_class is BaselineConfig and "--baseline" not in argv:
         argv = [*argv, "--baseline", method]
     parser = TrlParser((AgentScriptArguments, config_class, ModelConfig))
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
@@ -100,7 +103,7 @@ def build_trainer(
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
     dataset = Dataset.from_list(rows)
     print(f"[taspo-train] method={method} env={config.environment} tasks={len(dataset)} model={model_path}", flush=True)
-    return TRAINERS[method](
+    return method_classes(method)[1](
         model=model_path,
         args=config,
         train_dataset=dataset,

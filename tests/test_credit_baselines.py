@@ -30,12 +30,7 @@ from taspo_trl.credit.distillation import (
     teacher_version,
 )
 from taspo_trl.credit.grpo import grpo_outcome_advantages
-from taspo_trl.credit.registry import (
-    ADVANTAGE_TRANSFORMS,
-    LOSS_TERMS,
-    get_advantage_transform,
-    get_loss_term,
-)
+from taspo_trl.credit.registry import CREDIT_METHODS, get_credit, register_credit
 
 PROPS = settings(max_examples=60, deadline=None)
 F64 = torch.float64
@@ -385,35 +380,47 @@ def test_losses_are_zero_outside_mask_even_with_nan_teacher():
 # registry
 
 
-def test_registry_resolves_every_method():
-    assert get_advantage_transform("RLSD") is rlsd_advantages
-    assert get_advantage_transform("gigpo") is gigpo_advantages
-    assert get_loss_term("opd") is sampled_reverse_kl and get_loss_term("opsd") is sampled_reverse_kl
-    assert get_loss_term(" SDAR ") is sdar_loss
-    assert set(ADVANTAGE_TRANSFORMS) == {"rlsd", "opid", "gigpo", "stepopsd"}
-    assert set(LOSS_TERMS) == {"opsd", "opd", "sdar", "skill_sd"}
+def test_registry_holds_the_comparison_methods_and_each_is_reachable_from_a_config(tmp_path):
+    # A registered name that no BaselineConfig selects would be a method users cannot run.
+    from taspo_trl.trainers.baselines import BASELINES, BaselineConfig
 
-
-def test_every_registered_method_is_reachable_from_a_config():
-    # A name in the registry that no BaselineConfig selects would be a method users cannot run.
-    from taspo_trl.trainers.baselines import BASELINES, DISTILLATION
-
-    assert set(LOSS_TERMS) <= set(DISTILLATION.values())
-    assert set(ADVANTAGE_TRANSFORMS) <= set(BASELINES)
-    with pytest.raises(ValueError, match="unknown loss term 'opsd_jsd'"):
-        get_loss_term("opsd_jsd")
+    assert set(BASELINES) <= set(CREDIT_METHODS)
+    for name, method in CREDIT_METHODS.items():
+        teacher = {"teacher_model_name_or_path": "x"} if method.teacher == "external" else {}
+        config = BaselineConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", baseline=name, **teacher)
+        assert config.credit_method is method
+    # What the trainer prepares before calling each built-in (the papers' setups, README "Comparison methods").
+    assert {n for n in BASELINES if CREDIT_METHODS[n].teacher is None} == {"skill_grpo", "gigpo"}
+    assert {n for n in BASELINES if CREDIT_METHODS[n].teacher == "external"} == {"opd"}
+    assert {n for n in BASELINES if not CREDIT_METHODS[n].outcome} == {"opsd", "opd"}
+    assert {n for n in BASELINES if CREDIT_METHODS[n].step_skills} == {"opid"}
+    assert get_credit(" RLSD ") is CREDIT_METHODS["rlsd"]
 
 
 @PROPS
 @given(name=st.text(min_size=0, max_size=12))
 def test_registry_unknown_name_lists_known(name):
-    if name.strip().lower() in ADVANTAGE_TRANSFORMS:
+    if name.strip().lower() in CREDIT_METHODS:
         return
-    with pytest.raises(ValueError, match="known: gigpo, opid, rlsd, stepopsd"):
-        get_advantage_transform(name)
-    if name.strip().lower() not in LOSS_TERMS:
-        with pytest.raises(ValueError, match="known: opd, opsd, sdar, skill_sd"):
-            get_loss_term(name)
+    with pytest.raises(ValueError, match="known: gigpo, grpo_opsd, opd, opid, opsd, rlsd, sdar, skill_grpo"):
+        get_credit(name)
+
+
+def test_register_credit_keeps_a_taken_name():
+    def mine(batch, args, step):
+        return []
+
+    try:
+        assert register_credit("Mine_Test", teacher="self")(mine) is mine  # as a decorator, stored lower-case
+        assert register_credit("mine_test", mine, teacher="self") is mine  # the same function again: a no-op
+        assert get_credit("MINE_TEST").fn is mine and get_credit("mine_test").title == "mine_test"
+        with pytest.raises(ValueError, match="'rlsd' is already registered"):
+            register_credit("rlsd", mine)
+        with pytest.raises(ValueError, match="teacher must be one of"):
+            register_credit("mine_other", mine, teacher="ema")
+    finally:
+        CREDIT_METHODS.pop("mine_test", None)
+    assert "mine_other" not in CREDIT_METHODS
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ from taspo_trl.privileged.protocol import (
     validate_step_skills,
 )
 from taspo_trl.rollout.records import Trajectory
-from taspo_trl.trainers.taspo import TASPOConfig, make_analyzer
+from taspo_trl.privileged.context import make_analyzer
+from taspo_trl.trainers.taspo import TASPOConfig
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -1,59 +1,243 @@
-"""Name -> function registries of the comparison methods' advantage transforms and loss terms.
+"""The credit methods a trainer selects by name, as verl selects its advantage estimators.
 
-``BaselineTrainer`` resolves the loss term of its ``baseline`` (e.g. ``baseline="sdar"``) with ``get_loss_term``;
-``get_advantage_transform`` does the same for the advantage transforms. An unknown name fails early with the list of known names instead
-of deep inside a training step. Names are lower-case method names as in the README's "Comparison methods"; OPSD and
-OPD share the sampled-token reverse-KL estimator and differ only in the teacher (GRPO+OPSD uses OPSD's term with
-its own coefficient). Every name here is reachable from ``BaselineConfig.baseline``; OPSD's generalised-JSD
-variant is not built (docs/methods.md).
+``BaselineTrainer`` (``method: <name>`` in a recipe, or ``BaselineConfig(baseline=<name>)``) looks its method up
+here with ``get_credit`` and calls it in one of two ways, which the entry's ``teacher`` decides:
+
+* ``teacher=None``: ``fn(batch: OutcomeBatch, args, step)`` on the batch of all processes, returning each
+  trajectory's per-turn advantages (a float per turn, or a list with one per response token);
+* ``teacher="self"`` (the policy under a privileged context built from ``pi_source``) or ``"external"`` (another
+  model, ``teacher_model_name_or_path``, under the plain prompt): the trainer first scores every turn under the
+  teacher and calls ``fn(gaps: TeacherGaps, args, step)`` once per trajectory, returning its [turns, T]
+  per-token advantages (read on the masked tokens only).
+
+``args`` is the trainer's config and ``step`` the optimizer step. ``register_credit`` adds a method, yours
+included; the README's "Your own credit method" shows one registered and run from a recipe. The built-in entries
+at the bottom are the comparison methods of the README; OPSD's generalised-JSD variant is not built
+(docs/methods.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from taspo_trl.credit.baselines import (
     gigpo_advantages,
     opid_advantages,
     rlsd_advantages,
+    rlsd_lambda,
     stepopsd_advantages,
 )
-from taspo_trl.credit.distillation import sampled_reverse_kl, sdar_loss, skill_sd_loss
+from taspo_trl.credit.distillation import gradient_equivalent_advantages, sampled_reverse_kl, sdar_loss, skill_sd_loss
 
 __all__ = [
-    "ADVANTAGE_TRANSFORMS",
-    "LOSS_TERMS",
-    "get_advantage_transform",
-    "get_loss_term",
+    "CREDIT_METHODS",
+    "TEACHERS",
+    "CreditMethod",
+    "OutcomeBatch",
+    "TeacherGaps",
+    "get_credit",
+    "register_credit",
 ]
 
-ADVANTAGE_TRANSFORMS: Mapping[str, Callable] = {
-    "rlsd": rlsd_advantages,
-    "opid": opid_advantages,
-    "gigpo": gigpo_advantages,
-    "stepopsd": stepopsd_advantages,
-}
-
-LOSS_TERMS: Mapping[str, Callable] = {
-    "opsd": sampled_reverse_kl,
-    "opd": sampled_reverse_kl,
-    "sdar": sdar_loss,
-    "skill_sd": skill_sd_loss,
-}
+TEACHERS = (None, "self", "external")
+"""``CreditMethod.teacher``: none, the policy under a privileged context, or another frozen model."""
 
 
-def _lookup(table: Mapping[str, Callable], kind: str, name: str) -> Callable:
+@dataclass(frozen=True)
+class OutcomeBatch:
+    """A teacher-free method's view of the whole batch (every process's trajectories, in order)."""
+
+    advantages: torch.Tensor
+    """[N] GRPO outcome advantage A_i per trajectory."""
+    observations: list[list[str]]
+    """Per trajectory, the observation each turn acted on (the first is the task's initial observation)."""
+    rewards: list[list[float]]
+    """Per trajectory, the environment reward of each turn."""
+    groups: list[int]
+    """Per trajectory, its task group (the K siblings of one task share it)."""
+
+
+@dataclass(frozen=True)
+class TeacherGaps:
+    """One trajectory's teacher pass, [turns, T] with T its longest response; 0 wherever ``mask`` is 0."""
+
+    advantage: torch.Tensor
+    """[turns] the trajectory's outcome advantage A_i, on every turn."""
+    delta: torch.Tensor
+    """Delta_t = log pi_T(y_t | context + h) - log pi_old(y_t | h) on every scored response token."""
+    mask: torch.Tensor
+    """1 on the tokens the teacher scored (a turn it did not score is all 0)."""
+    student: torch.Tensor
+    """log pi_old(y_t | h), the plain reference the gaps subtract (also on unscored turns)."""
+    step_delta: torch.Tensor
+    """The gaps under each turn's step skill (methods with ``step_skills``), else 0."""
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """A registered credit method: its function and what the trainer must prepare before calling it.
+
+    The defaults (``pi_source``, ``teacher_policy``, ``distill_coef``) fill the config fields left at ``None``.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    teacher: str | None = None
+    """None, "self" or "external" (see ``TEACHERS``): which call convention, and which teacher scores."""
+    outcome: bool = True
+    """A turn the teacher did not score keeps A_i; False (distillation-only methods): it gets 0."""
+    pi_source: str = "nearest_success"
+    """The self-teacher's privileged context by default (``PrivilegedContextConfig.pi_source``)."""
+    teacher_policy: str = "current"
+    """The self-teacher's weights by default: "initial", "current" or "periodic" (``teacher_policy``)."""
+    distill_coef: float = 0.0
+    """lambda of the method's distillation term by default (``distill_coef``)."""
+    step_skills: bool = False
+    """Also rescore each turn under its analyzer-written step skill (``TeacherGaps.step_delta``; OPID)."""
+    prompt_skills: bool = False
+    """Show the task's skills in the policy's own prompt (``prompt_skill_bank`` defaults to ``skill_bank``)."""
+    title: str = ""
+    """Display name (model cards, logs); defaults to ``name``."""
+    metrics: Callable[[Any, int], dict[str, float]] | None = None
+    """Extra per-step metrics, ``metrics(args, step) -> {name: value}``."""
+
+
+CREDIT_METHODS: dict[str, CreditMethod] = {}
+"""Every registered method by name (lower case)."""
+
+
+def register_credit(name: str, fn: Callable[..., Any] | None = None, **spec: Any) -> Any:
+    """Register ``fn`` as the credit method ``name`` with the ``CreditMethod`` settings ``spec``; used as a
+    decorator when ``fn`` is left out. A name can be registered once (registering the same function again is a
+    no-op), so a typo cannot silently replace a built-in method."""
     key = str(name).strip().lower()
-    if key not in table:
-        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(table))}")
-    return table[key]
+    if not key:
+        raise ValueError("register_credit needs a non-empty name.")
+    if spec.get("teacher") not in TEACHERS:
+        raise ValueError(f"teacher must be one of {TEACHERS}, got {spec.get('teacher')!r}.")
+
+    def add(function: Callable[..., Any]) -> Callable[..., Any]:
+        method = CreditMethod(key, function, **{"title": key, **spec})
+        known = CREDIT_METHODS.get(key)
+        if known is not None and known.fn is not function:
+            raise ValueError(f"credit method {key!r} is already registered ({known.fn.__qualname__}); pick another name.")
+        CREDIT_METHODS[key] = method
+        return function
+
+    return add if fn is None else add(fn)
 
 
-def get_advantage_transform(name: str) -> Callable:
-    """The advantage transform registered as ``name`` (case-insensitive); ValueError listing the known names."""
-    return _lookup(ADVANTAGE_TRANSFORMS, "advantage transform", name)
+def get_credit(name: str) -> CreditMethod:
+    """The method registered as ``name`` (case-insensitive); ValueError listing the known names."""
+    key = str(name).strip().lower()
+    if key not in CREDIT_METHODS:
+        raise ValueError(f"unknown credit method {name!r}; known: {', '.join(sorted(CREDIT_METHODS))}")
+    return CREDIT_METHODS[key]
 
 
-def get_loss_term(name: str) -> Callable:
-    """The loss term registered as ``name`` (case-insensitive); ValueError listing the known names."""
-    return _lookup(LOSS_TERMS, "loss term", name)
+# --------------------------------------------------------------------------------------------------------------
+# the comparison methods; ``args`` is a ``BaselineConfig``
+
+
+def _distilled(
+    loss: Callable[..., torch.Tensor], gaps: TeacherGaps, with_outcome: bool, **settings: Any
+) -> torch.Tensor:
+    """A distillation term as its gradient-equivalent advantage (``gradient_equivalent_advantages``), added to
+    A_i on the scored tokens unless the method is distillation only."""
+    distill = gradient_equivalent_advantages(loss, gaps.student, gaps.student + gaps.delta, gaps.mask, **settings)
+    return distill + (gaps.advantage.unsqueeze(1) * gaps.mask if with_outcome else 0.0)
+
+
+def skill_grpo_credit(batch: OutcomeBatch, args: Any, step: int) -> list[list[float]]:
+    """Skill-GRPO: GRPO's credit (A_i on every turn); the skills are in the policy's prompt."""
+    return [[float(a)] * len(rewards) for a, rewards in zip(batch.advantages, batch.rewards, strict=True)]
+
+
+def gigpo_credit(batch: OutcomeBatch, args: Any, step: int) -> list[list[float]]:
+    """GiGPO: A = A_E + omega A_S over anchor-state groups, which span a task group's siblings."""
+    steps = gigpo_advantages(
+        batch.advantages, batch.observations, batch.rewards, batch.groups,
+        omega=args.gigpo_omega, gamma=args.gigpo_gamma, norm=args.gigpo_norm,
+    )
+    return [values.tolist() for values in steps]
+
+
+def opsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """OPSD: the sampled-token reverse KL to the self-teacher alone."""
+    return _distilled(sampled_reverse_kl, gaps, False, coef=args.distill_coef)
+
+
+def grpo_opsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """GRPO+OPSD: A_i plus OPSD's term."""
+    return _distilled(sampled_reverse_kl, gaps, True, coef=args.distill_coef)
+
+
+def sdar_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """SDAR: A_i plus the sigmoid-gated distillation term."""
+    return _distilled(sdar_loss, gaps, True, coef=args.distill_coef, beta=args.sdar_beta)
+
+
+def skill_sd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """Skill-SD: A_i plus the importance-weighted term; old = the snapshot, so the weight is 1 at the first
+    update."""
+
+    def with_old_logprobs(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return skill_sd_loss(student, teacher, gaps.student, mask, **kwargs)
+
+    return _distilled(with_old_logprobs, gaps, True, coef=args.distill_coef, is_clip=args.skill_sd_is_clip)
+
+
+def opd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """OPD: OPSD's reverse KL to a separate, larger frozen teacher under the plain prompt."""
+    return _distilled(sampled_reverse_kl, gaps, False, coef=args.distill_coef)
+
+
+def rlsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """RLSD: A_i reweighted by the clipped teacher ratio, lambda decaying over the first steps."""
+    lam = rlsd_lambda(step, args.rlsd_lambda, args.rlsd_decay_steps)
+    return rlsd_advantages(gaps.advantage, gaps.delta, gaps.mask, lam, args.rlsd_clip)
+
+
+def opid_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """OPID: A_i plus the weighted episode- and step-skill gaps."""
+    return opid_advantages(
+        gaps.advantage, gaps.delta, gaps.step_delta, gaps.mask, args.opid_episode_weight, args.opid_step_weight
+    )
+
+
+def stepopsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
+    """StepOPSD (approximate): a sign-preserving per-step budget from the hindsight teacher's gaps."""
+    return stepopsd_advantages(
+        float(gaps.advantage[0]), gaps.delta, gaps.mask, args.stepopsd_temperature, args.stepopsd_bound
+    )
+
+
+def _rlsd_metrics(args: Any, step: int) -> dict[str, float]:
+    return {"baseline/rlsd_lambda": rlsd_lambda(step, args.rlsd_lambda, args.rlsd_decay_steps)}
+
+
+register_credit("skill_grpo", skill_grpo_credit, prompt_skills=True, title="Skill-GRPO")
+register_credit("gigpo", gigpo_credit, title="GiGPO")
+register_credit(
+    "opsd", opsd_credit, teacher="self", outcome=False, pi_source="generic_skill", teacher_policy="initial",
+    distill_coef=1.0, title="OPSD",
+)
+register_credit(
+    "grpo_opsd", grpo_opsd_credit, teacher="self", pi_source="generic_skill", teacher_policy="initial",
+    distill_coef=0.1, title="GRPO+OPSD",
+)
+register_credit("sdar", sdar_credit, teacher="self", pi_source="generic_skill", distill_coef=0.01, title="SDAR")
+register_credit(
+    "skill_sd", skill_sd_credit, teacher="self", pi_source="success_skills", teacher_policy="periodic",
+    distill_coef=0.1, title="Skill-SD",
+)
+register_credit("opd", opd_credit, teacher="external", outcome=False, distill_coef=1.0, title="OPD")
+register_credit(
+    "rlsd", rlsd_credit, teacher="self", pi_source="generic_skill", title="RLSD", metrics=_rlsd_metrics
+)
+register_credit("opid", opid_credit, teacher="self", pi_source="aligned", step_skills=True, title="OPID")
+register_credit("stepopsd", stepopsd_credit, teacher="self", title="StepOPSD")

@@ -56,9 +56,8 @@ class AlignOPSDConfig(AgentGRPOConfig):
     AlignOPSD's. Symbols follow the reconstructed spec; values the paper left illegible are marked.
 
     Parameters:
-        skill_bank (`str`, defaults to `"alfworld"`): SkillBank for p_x: a shipped name (`alfworld`, `webshop`,
-            `searchqa`) or a JSONL path.
-        skill_top_k (`int`, defaults to `2`): skills retrieved per task (illegible in the paper).
+        skill_bank / skill_top_k (`AgentGRPOConfig`'s, defaults `"alfworld"` / `2`): the SkillBank of p_x (a
+            shipped name or a JSONL path) and the skills retrieved per task (illegible in the paper).
         encoder_path (`str` or `None`): sentence encoder folder; `None` = the packaged all-MiniLM-L6-v2.
         similarity_threshold (`float`, defaults to `0.7`): decision-state cosine below which a source is
             dropped (illegible in the paper).
@@ -80,8 +79,6 @@ class AlignOPSDConfig(AgentGRPOConfig):
             student's, is matched against the siblings' turns. One extra generation per target turn.
     """
 
-    skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
-    skill_top_k: int = field(default=2, metadata={"help": "Skills retrieved per task."})
     encoder_path: str | None = field(default=None, metadata={"help": "Sentence encoder folder."})
     similarity_threshold: float = field(default=0.7, metadata={"help": "Decision-state cosine threshold."})
     source_top_k: int = field(default=2, metadata={"help": "k: aligned sources per target turn."})

@@ -1,5 +1,6 @@
 """The papers' comparison methods as one trainer: pick one with `BaselineConfig(baseline=...)` (or
-`method: <name>` in a recipe).
+`method: <name>` in a recipe). Each is a `credit.registry` entry, selected by name, and yours registers the same
+way (`register_credit`).
 
 Every method changes only the per-token advantages of the GRPO step (`turn_advantages`):
 - redistribution or shaping of the outcome advantage A (RLSD, OPID, GiGPO, StepOPSD);
@@ -8,10 +9,10 @@ Every method changes only the per-token advantages of the GRPO step (`turn_advan
   exactly the gradient of `L_GRPO + L_distill`, with no second forward pass;
 - Skill-GRPO, which is GRPO with retrieved skills in the policy's own prompt (`prompt_skill_bank`).
 
-Teachers are the policy itself under a privileged context (the PI sources of TASPO: SkillBank skills, a successful
-sibling's trajectory, the analyzer's aligned guidance, the analyzer's skills from the successes, or OPID's step
-skills), frozen at the initial policy, the current snapshot, or a frozen copy refreshed every
-``teacher_sync_steps`` steps; or (OPD) a separate frozen model with the same tokenizer.
+Teachers are the policy itself under a privileged context (`privileged.context`, as TASPO builds it: SkillBank
+skills, a successful sibling's trajectory, the analyzer's aligned guidance, the analyzer's skills from the
+successes, or OPID's step skills), frozen at the initial policy, the current snapshot, or a frozen copy refreshed
+every ``teacher_sync_steps`` steps; or (OPD) a separate frozen model with the same tokenizer.
 """
 
 from __future__ import annotations
@@ -25,77 +26,52 @@ from accelerate.utils import gather_object
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import use_adapter
 
-from ..credit.baselines import gigpo_advantages, opid_advantages, rlsd_advantages, rlsd_lambda, stepopsd_advantages
-from ..credit.distillation import gradient_equivalent_advantages, teacher_version
-from ..credit.registry import get_loss_term
+from ..credit.distillation import teacher_version
+from ..credit.registry import CREDIT_METHODS, CreditMethod, OutcomeBatch, TeacherGaps, get_credit
+from ..privileged.context import (
+    PRIVILEGED_DICT_FIELDS,
+    Guidance,
+    PrivilegedContextConfig,
+    build_privileged_context,
+    configured_skill_lookup,
+    make_analyzer,
+)
 from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
-from ..privileged.skillbank import SkillBank
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
-from .grpo import dropout_off
-from .taspo import TASPOConfig, TASPOTrainer
+from .grpo import AgentGRPOConfig, AgentGRPOTrainer, dropout_off
 
 logger = logging.getLogger(__name__)
 
 BASELINES = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid", "gigpo", "stepopsd")
-"""Method names accepted by `BaselineConfig.baseline` (and as `method:` in recipes)."""
+"""The papers' comparison methods (each a `credit.registry` entry), accepted by `BaselineConfig.baseline` and as
+`method:` in recipes, as is any name registered with `register_credit`."""
 
-DISTILLATION = {"opsd": "opsd", "grpo_opsd": "opsd", "sdar": "sdar", "skill_sd": "skill_sd", "opd": "opd"}
-"""Distillation baselines and the loss term (`credit.registry`) each uses."""
-
-_NO_REWARD = ("opsd", "opd")
-"""Distillation-only methods: no outcome advantage, so a turn the teacher did not score gets no credit."""
-_NEEDS_TEACHER = (*DISTILLATION, "rlsd", "opid", "stepopsd")
-_DEFAULT_PI_SOURCE = {
-    "opsd": "generic_skill",
-    "grpo_opsd": "generic_skill",
-    "sdar": "generic_skill",
-    "rlsd": "generic_skill",
-    "skill_sd": "success_skills",
-    "stepopsd": "nearest_success",
-    "opid": "aligned",
-}
 DEFAULT_TEACHER_SYNC_STEPS = 10
 """Refresh period of a `periodic` teacher (Skill-SD's default): its paper syncs the teacher periodically, and the
 period is not in the description this package follows."""
 TEACHER_POLICIES = {"initial": 0, "current": 1, "periodic": DEFAULT_TEACHER_SYNC_STEPS}
 """`teacher_policy` names and the `teacher_sync_steps` each stands for."""
-_DEFAULT_TEACHER_POLICY = {"opsd": "initial", "grpo_opsd": "initial", "skill_sd": "periodic"}
 _TEACHER_ADAPTER = "teacher"
 """The PEFT adapter that holds a periodic teacher's copy of the policy's adapter."""
-_DEFAULT_COEF = {"opsd": 1.0, "grpo_opsd": 0.1, "sdar": 0.01, "skill_sd": 0.1, "opd": 1.0}
-_NAMES = {
-    "skill_grpo": "Skill-GRPO",
-    "opsd": "OPSD",
-    "grpo_opsd": "GRPO+OPSD",
-    "sdar": "SDAR",
-    "skill_sd": "Skill-SD",
-    "opd": "OPD",
-    "rlsd": "RLSD",
-    "opid": "OPID",
-    "gigpo": "GiGPO",
-    "stepopsd": "StepOPSD",
-}
 
 
 @dataclass
-class BaselineConfig(TASPOConfig):
-    r"""Configuration of [`BaselineTrainer`]: every field of [`TASPOConfig`] (its PI and analyzer settings build
-    the teachers' privileged context), plus the comparison methods' settings. docs/methods.md says where each
-    method departs from its paper.
+class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
+    r"""Configuration of [`BaselineTrainer`]: every field of [`AgentGRPOConfig`] and of
+    [`PrivilegedContextConfig`] (the PI source and analyzer settings that build the teachers' privileged
+    context), plus the comparison methods' settings. docs/methods.md says where each method departs from its paper.
 
     Parameters:
-        baseline (`str`, defaults to `"sdar"`): one of `skill_grpo`, `opsd`, `grpo_opsd`, `sdar`, `skill_sd`,
-            `opd`, `rlsd`, `opid`, `gigpo`, `stepopsd`.
+        baseline (`str`, defaults to `"sdar"`): the credit method, a name registered in `credit.registry`: one of
+            `skill_grpo`, `opsd`, `grpo_opsd`, `sdar`, `skill_sd`, `opd`, `rlsd`, `opid`, `gigpo`, `stepopsd`, or
+            one of yours (`register_credit`).
         pi_source (`str` or `None`, defaults to `None`): the teacher's privileged context; `None` picks the
-            method's: skills (`generic_skill`) for OPSD, GRPO+OPSD, SDAR and RLSD; skills the analyzer summarises
-            from the group's other successes (`success_skills`) for Skill-SD; a successful sibling
-            (`nearest_success`, TRL `sdpo`'s successful-rollout teacher) for StepOPSD's hindsight teacher; the
-            analyzer's guidance (`aligned`) for OPID's episode term.
-        skill_bank (`str`, defaults to `"alfworld"`): SkillBank for skill contexts and Skill-GRPO (`alfworld`,
-            `webshop`, `searchqa` or a JSONL path); shared by every skill-conditioned method.
-        skill_top_k (`int`, defaults to `2`): skills retrieved per task.
+            method's: skills (`generic_skill`, from `skill_bank`) for OPSD, GRPO+OPSD, SDAR and RLSD; skills the
+            analyzer summarises from the group's other successes (`success_skills`) for Skill-SD; a successful
+            sibling (`nearest_success`, TRL `sdpo`'s successful-rollout teacher) for StepOPSD's hindsight teacher
+            and methods registered without one; the analyzer's guidance (`aligned`) for OPID's episode term.
         teacher_policy (`str` or `None`, defaults to `None`): the self-teacher's weights, a name for a
             `teacher_sync_steps` value: `"initial"` (0: the frozen initial policy: the PEFT base model, TRL's
             reference model, or a frozen copy), `"current"` (1: the rollout snapshot, i.e. synced every step) or
@@ -110,7 +86,7 @@ class BaselineConfig(TASPOConfig):
             >= 0 and agree with `teacher_policy` when both are set; not for OPD, whose teacher is another model.
         teacher_model_name_or_path (`str` or `None`): OPD's teacher, a larger causal LM with the policy's tokenizer.
         distill_coef (`float` or `None`): $\lambda$ of the distillation term; `None`: OPSD 1, GRPO+OPSD 0.1, SDAR
-            0.01, Skill-SD 0.1, OPD 1.
+            0.01, Skill-SD 0.1, OPD 1 (the method's, 0 for methods without one).
         sdar_beta (`float`, defaults to `5.0`): SDAR's gate sharpness $\beta$.
         skill_sd_is_clip (`float`, defaults to `2.0`): Skill-SD's importance-weight clip.
         rlsd_lambda (`float`, defaults to `0.5`): RLSD's $\lambda_0$, linearly decayed to 0 over
@@ -126,10 +102,8 @@ class BaselineConfig(TASPOConfig):
             approximate StepOPSD's budget temperature and weight bound.
     """
 
-    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(BASELINES)}."})
+    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(BASELINES)} or yours."})
     pi_source: str | None = field(default=None, metadata={"help": "Teacher context (None: the method's)."})
-    skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
-    skill_top_k: int = field(default=2, metadata={"help": "Skills retrieved per task."})
     teacher_policy: str | None = field(
         default=None, metadata={"help": "'initial', 'current' or 'periodic' (None: method's)."}
     )
@@ -154,22 +128,37 @@ class BaselineConfig(TASPOConfig):
     stepopsd_temperature: float = field(default=1.0, metadata={"help": "StepOPSD budget temperature."})
     stepopsd_bound: float = field(default=0.5, metadata={"help": "StepOPSD weight bound."})
 
+    # TrainingArguments parses these from JSON strings (command line) in its __post_init__.
+    _VALID_DICT_FIELDS = [*AgentGRPOConfig._VALID_DICT_FIELDS, *PRIVILEGED_DICT_FIELDS]
+
     def __post_init__(self):
-        if self.baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}.")
-        self.pi_source = self.pi_source or _DEFAULT_PI_SOURCE.get(self.baseline, "nearest_success")
-        self._resolve_teacher_schedule()
+        if self.baseline not in CREDIT_METHODS:
+            raise ValueError(
+                f"baseline must be one of {tuple(CREDIT_METHODS)} (register yours with "
+                f"taspo_trl.credit.registry.register_credit), got {self.baseline!r}."
+            )
+        method = self.credit_method
+        self.pi_source = self.pi_source or method.pi_source
+        self._resolve_teacher_schedule(method)
         if self.opid_max_step_skills < 0:
             raise ValueError(f"opid_max_step_skills must be >= 0 (0: no step term), got {self.opid_max_step_skills}.")
         if self.distill_coef is None:
-            self.distill_coef = _DEFAULT_COEF.get(self.baseline, 0.0)
-        if self.baseline == "opd" and not self.teacher_model_name_or_path:
-            raise ValueError("baseline='opd' needs teacher_model_name_or_path (a larger model with the same tokenizer).")
-        if self.baseline == "skill_grpo" and not self.prompt_skill_bank:
+            self.distill_coef = method.distill_coef
+        if method.teacher == "external" and not self.teacher_model_name_or_path:
+            raise ValueError(
+                f"baseline={self.baseline!r} needs teacher_model_name_or_path (a larger model with the same tokenizer)."
+            )
+        if method.prompt_skills and not self.prompt_skill_bank:
             self.prompt_skill_bank = self.skill_bank
         super().__post_init__()
+        self.check_privileged_context()
 
-    def _resolve_teacher_schedule(self) -> None:
+    @property
+    def credit_method(self) -> CreditMethod:
+        """The registry entry `baseline` names."""
+        return get_credit(self.baseline)
+
+    def _resolve_teacher_schedule(self, method: CreditMethod) -> None:
         """Set `teacher_policy` and `teacher_sync_steps` to one consistent pair, or say which setting is wrong."""
         if self.teacher_policy is not None and self.teacher_policy not in TEACHER_POLICIES:
             raise ValueError(
@@ -177,13 +166,13 @@ class BaselineConfig(TASPOConfig):
             )
         sync = self.teacher_sync_steps
         if sync is None:
-            self.teacher_policy = self.teacher_policy or _DEFAULT_TEACHER_POLICY.get(self.baseline, "current")
+            self.teacher_policy = self.teacher_policy or method.teacher_policy
             self.teacher_sync_steps = TEACHER_POLICIES[self.teacher_policy]
             return
-        if self.baseline == "opd":
+        if method.teacher == "external":
             raise ValueError(
-                "teacher_sync_steps applies to self-teachers; OPD's teacher is teacher_model_name_or_path, a separate "
-                "frozen model. Remove teacher_sync_steps."
+                f"teacher_sync_steps applies to self-teachers; {method.title}'s teacher is teacher_model_name_or_path, "
+                "a separate frozen model. Remove teacher_sync_steps."
             )
         if isinstance(sync, bool) or not isinstance(sync, int) or sync < 0:
             raise ValueError(
@@ -199,23 +188,31 @@ class BaselineConfig(TASPOConfig):
         self.teacher_policy = implied
 
 
-class BaselineTrainer(TASPOTrainer):
-    """The comparison methods of the papers' tables, used exactly like `trl.GRPOTrainer` with a `BaselineConfig`."""
+class BaselineTrainer(AgentGRPOTrainer):
+    """The comparison methods of the papers' tables, and any credit method registered in `credit.registry`, used
+    exactly like `trl.GRPOTrainer` with a `BaselineConfig`.
+
+    Args beyond `AgentGRPOTrainer`'s: `teacher_model` (OPD's teacher, overriding `teacher_model_name_or_path`),
+    `analyzer` (overriding the configured PI backend) and `skill_lookup(task, task_type) -> str` for
+    `pi_source="generic_skill"` (default: the top `skill_top_k` skills of `skill_bank`).
+    """
 
     _tag_names = ["trl", "grpo", "taspo-trl", "baseline"]
     _name = "Agent baseline"
 
-    def __init__(self, *args: Any, teacher_model: Any = None, **kwargs: Any):
+    def __init__(
+        self, *args: Any, teacher_model: Any = None, analyzer: Any = None, skill_lookup: Any = None, **kwargs: Any
+    ):
         config = kwargs.get("args")
         if not isinstance(config, BaselineConfig):
             raise TypeError(f"BaselineTrainer needs args=BaselineConfig(...), got {type(config).__name__}.")
-        if config.pi_source == "generic_skill" and "skill_lookup" not in kwargs:
-            bank = SkillBank.load(config.skill_bank, default_k=config.skill_top_k)
-            kwargs["skill_lookup"] = bank.skill_lookup
         super().__init__(*args, **kwargs)
-        method = self.args.baseline
-        self._name = _NAMES[method]
-        self._tag_names = [*self._tag_names, method]
+        method = self.args.credit_method
+        self._name = method.title
+        self._tag_names = [*self._tag_names, method.name]
+        self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
+        self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
+        self.last_privileged_info: list[str] = []
         self.last_step_skills: list[dict[int, str]] = []
         self.teacher_model = teacher_model
         if self.teacher_model is None and self._needs_frozen_copy():
@@ -234,14 +231,14 @@ class BaselineTrainer(TASPOTrainer):
         return hasattr(self.accelerator.unwrap_model(self.model), "peft_config")
 
     def _periodic_teacher(self) -> bool:
-        args = self.args
-        return args.baseline in _NEEDS_TEACHER and args.baseline != "opd" and args.teacher_sync_steps >= 2
+        return self.args.credit_method.teacher == "self" and self.args.teacher_sync_steps >= 2
 
     def _needs_frozen_copy(self) -> bool:
         args = self.args
-        if args.baseline == "opd":
+        teacher = args.credit_method.teacher
+        if teacher == "external":
             return True
-        if args.baseline not in _NEEDS_TEACHER or args.teacher_sync_steps == 1 or self._is_peft():
+        if teacher is None or args.teacher_sync_steps == 1 or self._is_peft():
             return False
         # The initial policy may already be TRL's reference model; a periodic teacher needs a copy of its own.
         return self._periodic_teacher() or self.ref_model is None
@@ -287,7 +284,7 @@ class BaselineTrainer(TASPOTrainer):
         from ..models import resolve_model_path
 
         path = resolve_model_path(name_or_path)
-        if self.args.baseline == "opd" and AutoTokenizer.from_pretrained(path).get_vocab() != self._tokenizer.get_vocab():
+        if self.args.credit_method.teacher == "external" and AutoTokenizer.from_pretrained(path).get_vocab() != self._tokenizer.get_vocab():
             raise ValueError(
                 f"OPD's teacher {name_or_path!r} has a different tokenizer from the policy; the sampled-token "
                 "reverse KL needs the same vocabulary (e.g. Qwen2.5-7B-Instruct as teacher of Qwen2.5-3B-Instruct)."
@@ -321,7 +318,7 @@ class BaselineTrainer(TASPOTrainer):
 
     def _turn_contexts(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[tuple[int, int], str]:
         """Each turn of a trajectory with a context, under that context (OPD: every turn, under none)."""
-        plain_teacher = self.args.baseline == "opd"
+        plain_teacher = self.args.credit_method.teacher == "external"
         return {
             (i, t): contexts[i]
             for i, trajectory in enumerate(trajectories)
@@ -381,19 +378,76 @@ class BaselineTrainer(TASPOTrainer):
     def turn_advantages(
         self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
     ) -> list[list[float | list[float]]]:
-        args = self.args
-        method = args.baseline
-        metrics = self._metrics["train" if self.model.training else "eval"]
-        if method == "skill_grpo":
-            return [[float(advantages[i])] * t.num_turns for i, t in enumerate(trajectories)]
-        if method == "gigpo":
-            return self._gigpo(trajectories, advantages)
-
-        if method == "opd":
-            contexts, step_skills = [""] * len(trajectories), [{} for _ in trajectories]
+        """The per-turn advantages of the credit method `baseline` names (``credit.registry``)."""
+        method = self.args.credit_method
+        if method.teacher is None:
+            out = self._outcome_credit(method, trajectories, advantages)
         else:
-            step_term = method == "opid" and args.opid_max_step_skills > 0
-            contexts, step_skills = self._guidance(trajectories, args.opid_max_step_skills if step_term else 0)
+            out = self._teacher_credit(method, trajectories, advantages, rows, batch)
+        if method.metrics is not None:
+            metrics = self._metrics["train" if self.model.training else "eval"]
+            for name, value in method.metrics(self.args, self.state.global_step).items():
+                metrics[name].append(value)
+        return out
+
+    def _outcome_credit(
+        self, method: CreditMethod, trajectories: list[Trajectory], advantages: torch.Tensor
+    ) -> list[list[float | list[float]]]:
+        """A teacher-free method on the batch of all processes (GiGPO's anchor-state groups span a task group's
+        siblings, which may sit on other processes); this process keeps its own trajectories' share."""
+        local = [
+            ([t.initial_observation] + [turn.observation for turn in t.turns[:-1]], [turn.reward for turn in t.turns], t.group)
+            for t in trajectories
+        ]
+        multi_process = self.accelerator.num_processes > 1
+        everything = gather_object(local) if multi_process else local
+        all_advantages = gather_object(advantages.tolist()) if multi_process else advantages.tolist()
+        outcome = OutcomeBatch(
+            advantages=torch.tensor(all_advantages, dtype=torch.float32),
+            observations=[observations for observations, _, _ in everything],
+            rewards=[rewards for _, rewards, _ in everything],
+            groups=[group for _, _, group in everything],
+        )
+        credit = method.fn(outcome, self.args, self.state.global_step)
+        first = self.accelerator.process_index * len(trajectories)
+        return [list(credit[first + i]) for i in range(len(trajectories))]
+
+    def _guidance(self, trajectories: list[Trajectory], method: CreditMethod) -> Guidance:
+        """The teacher's privileged context: none for an external teacher (it reads the plain prompt)."""
+        if method.teacher == "external":
+            return Guidance([""] * len(trajectories), [{} for _ in trajectories], {})
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        guidance = build_privileged_context(
+            trajectories,
+            args,
+            self.analyzer,
+            self.skill_lookup,
+            self.accelerator,
+            self._tokenizer,
+            self.num_generations if mode == "train" else self.num_generations_eval,
+            seed=args.seed + self.state.global_step,
+            max_step_skills=args.opid_max_step_skills if method.step_skills else 0,
+        )
+        for name, value in guidance.metrics.items():
+            self._metrics[mode][name].append(value)
+        return guidance
+
+    def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
+        """The teacher's privileged context of this process's trajectories (identical on every process)."""
+        return self._guidance(trajectories, self.args.credit_method).texts
+
+    def _teacher_credit(
+        self,
+        method: CreditMethod,
+        trajectories: list[Trajectory],
+        advantages: torch.Tensor,
+        rows: Rows,
+        batch: dict[str, Any],
+    ) -> list[list[float | list[float]]]:
+        """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        contexts, step_skills, _ = self._guidance(trajectories, method)
         self.last_privileged_info, self.last_step_skills = contexts, step_skills
         self._sync_teacher()
         plain = rows.collect(self._plain_logprobs(rows, batch))
@@ -403,7 +457,7 @@ class BaselineTrainer(TASPOTrainer):
             metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
         metrics["baseline/teacher_coverage"].append(len({i for i, _ in gaps}) / max(len(trajectories), 1))
         step_gaps: dict[tuple[int, int], torch.Tensor] = {}
-        if method == "opid":  # every process scores (maybe nothing), so the padded forward passes stay in step
+        if method.step_skills:  # every process scores (maybe nothing), so the padded forward passes stay in step
             step_contexts = {(i, t): text for i, skills in enumerate(step_skills) for t, text in skills.items()}
             step_gaps = self._teacher_gaps(trajectories, step_contexts, plain, "baseline/non_finite_step_gap_turns")
             turns = sum(t.num_turns for t in trajectories)
@@ -414,7 +468,7 @@ class BaselineTrainer(TASPOTrainer):
             turn_gaps = [gaps.get((i, t)) for t in range(trajectory.num_turns)]
             turn_step_gaps = [step_gaps.get((i, t)) for t in range(trajectory.num_turns)]
             # A turn the teacher did not score keeps the outcome advantage (distillation-only methods: none).
-            unscored = 0.0 if method in _NO_REWARD else float(advantages[i])
+            unscored = float(advantages[i]) if method.outcome else 0.0
             if all(g is None for g in turn_gaps + turn_step_gaps):
                 out.append([unscored] * trajectory.num_turns)
                 continue
@@ -422,67 +476,17 @@ class BaselineTrainer(TASPOTrainer):
             delta, mask = _stack_turns(turn_gaps, lengths)
             step_delta, step_mask = _stack_turns(turn_step_gaps, lengths)
             mask = torch.maximum(mask, step_mask)  # OPID: a turn with only one of its two gaps has 0 for the other
-            advantage = torch.full((delta.size(0),), float(advantages[i]))
             student = [plain.get((i, t), []) for t in range(trajectory.num_turns)]
-            shaped = self._shape(method, advantage, delta, mask, student, step_delta)
+            trajectory_gaps = TeacherGaps(
+                advantage=torch.full((delta.size(0),), float(advantages[i])),
+                delta=delta,
+                mask=mask,
+                student=torch.tensor(_padded(student, delta.size(1))),
+                step_delta=step_delta,
+            )
+            shaped = method.fn(trajectory_gaps, self.args, self.state.global_step)
             out.append([shaped[t, : int(mask[t].sum())].tolist() if mask[t].any() else unscored for t in range(len(turn_gaps))])
-        if method == "rlsd":
-            metrics["baseline/rlsd_lambda"].append(rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps))
         return out
-
-    def _shape(
-        self,
-        method: str,
-        advantage: torch.Tensor,
-        delta: torch.Tensor,
-        mask: torch.Tensor,
-        plain: list[list[float]],
-        step_delta: torch.Tensor,
-    ) -> torch.Tensor:
-        """[turns, T] advantages of one trajectory from its outcome advantage and its teacher gaps; ``plain`` is
-        the per-turn plain reference the gaps were taken against, the student's log-probs at the snapshot, and
-        ``step_delta`` OPID's step-skill gaps (0 on turns without a step skill)."""
-        args = self.args
-        if method in DISTILLATION:
-            student = torch.tensor(_padded(plain, delta.size(1)))
-            extra: dict[str, Any] = {"coef": args.distill_coef}
-            if method == "sdar":
-                extra["beta"] = args.sdar_beta
-            loss = get_loss_term(DISTILLATION[method])
-            if method == "skill_sd":  # old = the snapshot, so the importance weight is 1 at the first update
-                extra["is_clip"] = args.skill_sd_is_clip
-                loss = _with_old_logprobs(loss, student)
-            distill = gradient_equivalent_advantages(loss, student, student + delta, mask, **extra)
-            return distill + (0.0 if method in _NO_REWARD else advantage.unsqueeze(1) * mask)
-        if method == "rlsd":
-            lam = rlsd_lambda(self.state.global_step, args.rlsd_lambda, args.rlsd_decay_steps)
-            return rlsd_advantages(advantage, delta, mask, lam, args.rlsd_clip)
-        if method == "opid":
-            return opid_advantages(advantage, delta, step_delta, mask, args.opid_episode_weight, args.opid_step_weight)
-        if method == "stepopsd":
-            return stepopsd_advantages(float(advantage[0]), delta, mask, args.stepopsd_temperature, args.stepopsd_bound)
-        raise AssertionError(f"unhandled baseline {method}")
-
-    def _gigpo(self, trajectories: list[Trajectory], advantages: torch.Tensor) -> list[list[float | list[float]]]:
-        """GiGPO: anchor-state groups span a task group's siblings, which may sit on other processes."""
-        args = self.args
-        local = [
-            ([t.initial_observation] + [turn.observation for turn in t.turns[:-1]], [turn.reward for turn in t.turns], t.group)
-            for t in trajectories
-        ]
-        everything = gather_object(local) if self.accelerator.num_processes > 1 else local
-        all_advantages = gather_object(advantages.tolist()) if self.accelerator.num_processes > 1 else advantages.tolist()
-        steps = gigpo_advantages(
-            torch.tensor(all_advantages, dtype=torch.float32),
-            [obs for obs, _, _ in everything],
-            [rewards for _, rewards, _ in everything],
-            [group for _, _, group in everything],
-            omega=args.gigpo_omega,
-            gamma=args.gigpo_gamma,
-            norm=args.gigpo_norm,
-        )
-        first = self.accelerator.process_index * len(trajectories)
-        return [steps[first + i].tolist() for i in range(len(trajectories))]
 
 
 def _padded(values: list[list[float]], width: int) -> list[list[float]]:
@@ -499,12 +503,3 @@ def _stack_turns(gaps: list[torch.Tensor | None], lengths: list[int]) -> tuple[t
             delta[t, : len(gap)] = gap
             mask[t, : len(gap)] = 1.0
     return delta, mask
-
-
-def _with_old_logprobs(loss: Any, old_logp: torch.Tensor) -> Any:
-    """Skill-SD's loss takes the rollout log-probs between the teacher's and the mask."""
-
-    def bound(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        return loss(student, teacher, old_logp, mask, **kwargs)
-
-    return bound

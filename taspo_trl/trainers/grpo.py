@@ -97,6 +97,12 @@ class AgentGRPOConfig(GRPOConfig):
         rescore_batch_size (`int` or `None`, defaults to `None`):
             Rows per forward pass in the privileged rescoring passes of TASPO / AlignOPSD; `None` =
             `per_device_train_batch_size`.
+        skill_bank (`str`, defaults to `"alfworld"`):
+            The SkillBank of every skill-conditioned method (`alfworld`, `webshop`, `searchqa` or a JSONL path):
+            `generic_skill` privileged contexts (TASPO's Table 2 ablation, the comparison methods' teachers),
+            AlignOPSD's p_x, and Skill-GRPO's prompt skills.
+        skill_top_k (`int`, defaults to `2`):
+            Skills retrieved per task from `skill_bank` (AlignOPSD: $k$, illegible in the paper).
         prompt_skill_bank (`str` or `None`, defaults to `None`):
             Skill-GRPO (SDAR's baseline): a SkillBank (`alfworld`, `webshop`, `searchqa` or a JSONL path) whose
             top-`prompt_skill_top_k` skills for each task are shown in the policy's own prompt. `None`: no skills.
@@ -127,6 +133,8 @@ class AgentGRPOConfig(GRPOConfig):
     advantage_epsilon: float = field(default=1e-4, metadata={"help": "delta in the GRPO advantage (Sec. 3.1)."})
     rollout_batch_size: int | None = field(default=None, metadata={"help": "Sequences per generate call."})
     rescore_batch_size: int | None = field(default=None, metadata={"help": "Rows per privileged forward."})
+    skill_bank: str = field(default="alfworld", metadata={"help": "SkillBank name or JSONL path."})
+    skill_top_k: int = field(default=2, metadata={"help": "Skills retrieved per task."})
     prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skill-GRPO: skills in the policy prompt."})
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
     log_turns: bool = field(default=False, metadata={"help": "Write per-turn records to <output_dir>/turns.jsonl."})
