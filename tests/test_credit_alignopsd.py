@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from taspo_trl.credit.alignopsd import (
+    TurnCorrespondence,
     adaptive_threshold,
     align_trajectory,
     align_turn,
@@ -29,6 +30,7 @@ from taspo_trl.credit.alignopsd import (
     neutral_measure,
     random_spans,
     rectified_gap,
+    rectified_turn_gaps,
     reweighted_advantages,
     segment_spans,
     source_weights,
@@ -618,6 +620,25 @@ def test_rectified_gap_identity_ignores_non_finite_unused_views():
     with pytest.raises(ValueError):
         rectified_gap(g0, bad, torch.ones(1, dtype=F64), 1.5)
     assert token_gap([-1.0, -2.0], [-1.5, -1.0]).tolist() == [0.5, -1.0]
+
+
+def _match(sources: tuple[int, ...], weights: list[float], quality: float) -> TurnCorrespondence:
+    w = torch.tensor(weights, dtype=F64)
+    unused = torch.zeros(3, dtype=F64)  # c_t and the column play no part in rectification
+    return TurnCorrespondence(sources, w, torch.ones(len(sources), dtype=F64), quality, unused, unused)
+
+
+def test_rectified_turn_gaps_by_hand():
+    # Turn 0 kept nothing (identity), turn 1 kept columns 0 and 2 with W = (1/4, 3/4) and lambda = 1/2, turn 2 was
+    # not scored. Turn 1: 1/2 [1, 2] + 1/2 (1/4 [3, 3] + 3/4 [-1, 1]) = [0.5, 1] + 1/2 [0, 1.5] = [0.5, 1.75].
+    matches = [_match((), [], 0.0), _match((0, 2), [0.25, 0.75], 0.5), _match((1,), [1.0], 0.9)]
+    g0 = [torch.tensor([0.3], dtype=F64), torch.tensor([1.0, 2.0], dtype=F64), None]
+    aligned = {(1, 0): torch.tensor([3.0, 3.0], dtype=F64), (1, 2): torch.tensor([-1.0, 1.0], dtype=F64)}
+    got = rectified_turn_gaps(matches, g0, aligned)
+    assert got[0].tolist() == [0.3] and got[1].tolist() == [0.5, 1.75] and got[2] is None
+    # Rectification off (the ablation): every turn keeps g0, and no aligned gap is needed.
+    off = rectified_turn_gaps(matches, g0, None)
+    assert off[0].tolist() == [0.3] and off[1].tolist() == [1.0, 2.0] and off[2] is None
 
 
 # ---------------------------------------------------------------------------------------------------------------

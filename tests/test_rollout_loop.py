@@ -178,3 +178,16 @@ def test_multi_tag_environment_gets_canonical_blocks_in_batched_steps(chat):
     prompt = trajectories[0].turns[0].prompt_text
     assert "Look things up with <look> topic </look>." in prompt
     assert "<look> </look> or <answer> </answer>" in prompt
+
+
+def test_action_span_uses_the_environments_own_tags(chat):
+    # The locker environment answers in <action>; a <search> block written before it is reasoning, not the action
+    # that was sent, so the span (what TASPO scores) covers the <action> block only.
+    text = "<search>where is the key</search> <action>open locker 3</action>"
+    trajectories, _ = _run(chat, [text], [{"target": 3}])
+    turn = trajectories[0].turns[0]
+    assert turn.action == "open locker 3"
+    start, end = turn.action_span
+    located = chat.tokenizer.decode(turn.response_ids[start:end])
+    assert "<action>open locker 3</action>" in located
+    assert "search" not in located

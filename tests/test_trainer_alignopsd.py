@@ -22,11 +22,14 @@ from taspo_trl.credit.alignopsd import (
     segment_spans,
 )
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.privileged.alignment import active_contexts, aligned_view_requests, batch_correspondences
 from taspo_trl.privileged.decisions import (
     embed_group,
     target_correspondence,
     think_text,
 )
+from taspo_trl.privileged.rescoring import privileged_prompt_ids
+from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
 
@@ -85,6 +88,38 @@ def test_hand_built_group_correspondence_and_spans(encoder):
     assert int(torch.argmax(shifts)) == 1
     spans = segment_spans(shifts, adaptive_threshold([shifts]), min_len=1, max_len=8)
     assert spans == [(0, 2), (2, 4)]
+
+
+class _CountingEncoder:
+    def __init__(self, encoder):
+        self.encoder, self.calls = encoder, 0
+
+    def encode(self, texts):
+        self.calls += 1
+        return self.encoder.encode(texts)
+
+
+def test_batch_stages_on_the_hand_built_group(encoder, embedded_tokenizer):
+    group = _hand_built_group()
+    # A zero advantage can't move under any weights: that trajectory is neither matched nor rescored.
+    active = active_contexts(["[Skills] a", "[Skills] b", "[Skills] c"], torch.tensor([0.5, 0.0, -1.0]))
+    assert active == ["[Skills] a", "", "[Skills] c"]
+    counting = _CountingEncoder(encoder)
+    found = batch_correspondences(
+        group, 0, active, counting, {}, exact_action_match=False, threshold=0.7, top_k=2, action_threshold=0.8
+    )
+    assert sorted(found) == [0, 2]
+    assert counting.calls == 2  # the group's thinking and actions, encoded once for both targets
+    per_turn, columns = found[0]
+    assert [[columns[s] for s in match.sources] for match in per_turn] == [[(1, 0)], [], [(1, 2)], [(1, 3)]]
+    # One aligned view per kept source: the target's response under the source's history and the source's p_x.
+    chat = ChatFormat(embedded_tokenizer)
+    contexts = ["[Skills] a", "[Skills] b", "[Skills] c"]
+    requests, owners = aligned_view_requests({0: found[0]}, group, group, contexts, chat)
+    assert [(i, t, columns[s]) for i, t, s in owners] == [(0, 0, (1, 0)), (0, 2, (1, 2)), (0, 3, (1, 3))]
+    for (prompt, response), (_, t, s) in zip(requests, owners):
+        assert prompt == privileged_prompt_ids(group[1], columns[s][1], "[Skills] b", chat)
+        assert response is group[0].turns[t].response_ids
 
 
 def test_think_text():

@@ -4,7 +4,8 @@ Paper: "Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Hori
 The extracted paper text lost its formulas; everything below is **this package's reconstruction** of the
 method (Sec. 2.2 "Decision-Aligned Supervision Rectification", Sec. 2.3 "Semi-Markov Hierarchical Credit
 Assignment") from its prose. Every choice the prose leaves open is a parameter, named in the docstring that
-makes it; docs/methods.md summarises the choices and why. One small pure function per step, all in float64:
+makes it; docs/methods.md summarises the choices and why, and numbers the equations (A1)-(A9) that the
+docstrings cite. One small pure function per step, all in float64:
 
 Correspondence (Sec. 2.2, "decision-alignment operator"), for one target turn (i, t) and the candidate source
 turns of the OTHER rollouts of the same task (similarities come from a frozen encoder, computed elsewhere):
@@ -20,6 +21,7 @@ Rectification (Sec. 2.2, "multi-view supervision rectification"):
 
     token_gap        g = log pi(y | privileged context) - log pi(y | h_it), per token of the target response y
     rectified_gap    g~ = (1 - lambda) g0 + lambda sum_j W_j g_j (identity, g~ = g0, when nothing was kept)
+    rectified_turn_gaps   rectified_gap for every turn of one trajectory
 
 Spans (Sec. 2.3, "correspondence-driven spans"):
 
@@ -71,7 +73,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Hashable, Optional, Sequence, Union
+from typing import Hashable, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -92,6 +94,7 @@ __all__ = [
     "align_trajectory",
     "token_gap",
     "rectified_gap",
+    "rectified_turn_gaps",
     "correspondence_shift",
     "correspondence_shifts",
     "adaptive_threshold",
@@ -239,7 +242,7 @@ def correspondence_distribution(
     profile: str = "softmax",
     temperature: float = DEFAULT_PROFILE_TEMPERATURE,
 ) -> torch.Tensor:
-    """c_t: correspondence scores of one target turn normalised over all structurally valid sources (Sec. 2.3).
+    """(A1) c_t: correspondence scores of one target turn normalised over all structurally valid sources (Sec. 2.3).
 
     This is taken before the similarity threshold and top-k ("before top-k truncation" in the prose), so it
     describes which sibling contexts the turn resembles even when no single one is a confident match.
@@ -278,7 +281,7 @@ def correspondence_distribution(
 def source_weights(
     similarities: TensorLike, weighting: str = "proportional", temperature: float = DEFAULT_PROFILE_TEMPERATURE
 ) -> torch.Tensor:
-    """Column weights W over the kept sources, summing to 1 (Sec. 2.2, "normalized weights"; reconstruction).
+    """(A2) Column weights W over the kept sources, summing to 1 (Sec. 2.2, "normalized weights"; reconstruction).
 
     ``weighting="proportional"`` (default): W_j = s_j / sum s (similarities are >= the threshold, hence
     positive at the default 0.7; any non-positive value counts as 0, and if all do, W is uniform).
@@ -301,7 +304,7 @@ def source_weights(
 
 
 def match_quality(similarities: TensorLike, weights: TensorLike, top_k: int = DEFAULT_TOP_K) -> float:
-    """lambda = clip(sum_j W_j s_j, 0, 1) * k_kept / k: weighted mean similarity times coverage (reconstructed; README, "AlignOPSD").
+    """(A2) lambda = clip(sum_j W_j s_j, 0, 1) * k_kept / k: weighted mean similarity times coverage (reconstructed; README, "AlignOPSD").
 
     0.0 exactly when no source is kept (identity rectification).
     """
@@ -381,36 +384,16 @@ def align_turn(
     if len(rollouts) != size:
         raise ValueError(f"source_rollout has {len(rollouts)} entries for {size} candidates")
 
-    structural = torch.isfinite(sims)
-    mask = _mask(valid, size, "valid")
-    if mask is not None:
-        structural &= mask
-    if target_rollout is not None:
-        structural &= torch.tensor([r != target_rollout for r in rollouts], dtype=torch.bool)
+    structural = _structural_mask(sims, rollouts, valid, target_rollout)
     distribution = correspondence_distribution(sims, structural, profile=profile, temperature=profile_temperature)
-
-    consistent = torch.ones(size, dtype=torch.bool)
-    if action_similarity is not None:
-        action_sims = _vec(action_similarity, "action_similarity")
-        if action_sims.numel() != size:
-            raise ValueError(f"action_similarity must have {size} entries")
-        consistent &= torch.isfinite(action_sims) & (action_sims >= float(action_threshold))
-    for name, extra in (
-        ("actions_parsed", actions_parsed),
-        ("same_operation", same_operation),
-        ("same_click_target", same_click_target),
-    ):
-        extra_mask = _mask(extra, size, name)
-        if extra_mask is not None:
-            consistent &= extra_mask
-
+    consistent = _consistency_mask(
+        size, action_similarity, action_threshold,
+        actions_parsed=actions_parsed, same_operation=same_operation, same_click_target=same_click_target,
+    )
     eligible = structural & (sims >= float(threshold))
     if action_filter == "before_selection":
         eligible &= consistent
-    best_per_rollout: dict[Hashable, int] = {}
-    for j in _rank([int(j) for j in torch.nonzero(eligible).flatten().tolist()], sims):
-        best_per_rollout.setdefault(rollouts[j], j)  # first seen = best of that sibling
-    kept = _rank(list(best_per_rollout.values()), sims)[: int(top_k)]
+    kept = _best_per_sibling(eligible, sims, rollouts, int(top_k))
     if action_filter == "after_top_k":
         kept = [j for j in kept if bool(consistent[j])]
 
@@ -427,6 +410,44 @@ def align_turn(
         distribution=distribution,
         column=column,
     )
+
+
+def _structural_mask(
+    sims: torch.Tensor, rollouts: list[Hashable], valid: Optional[MaskLike], target_rollout: Optional[Hashable]
+) -> torch.Tensor:
+    """Step 1 of ``align_turn``: valid, finite, and not a column of the target's own rollout."""
+    structural = torch.isfinite(sims)
+    mask = _mask(valid, sims.numel(), "valid")
+    if mask is not None:
+        structural &= mask
+    if target_rollout is not None:
+        structural &= torch.tensor([r != target_rollout for r in rollouts], dtype=torch.bool)
+    return structural
+
+
+def _consistency_mask(
+    size: int, action_similarity: Optional[TensorLike], action_threshold: float, **masks: Optional[MaskLike]
+) -> torch.Tensor:
+    """Step 5 of ``align_turn``: the columns whose action agrees with the target's on every check given."""
+    consistent = torch.ones(size, dtype=torch.bool)
+    if action_similarity is not None:
+        action_sims = _vec(action_similarity, "action_similarity")
+        if action_sims.numel() != size:
+            raise ValueError(f"action_similarity must have {size} entries")
+        consistent &= torch.isfinite(action_sims) & (action_sims >= float(action_threshold))
+    for name, extra in masks.items():
+        extra_mask = _mask(extra, size, name)
+        if extra_mask is not None:
+            consistent &= extra_mask
+    return consistent
+
+
+def _best_per_sibling(eligible: torch.Tensor, sims: torch.Tensor, rollouts: list[Hashable], top_k: int) -> list[int]:
+    """Steps 3-4 of ``align_turn``: each sibling's best eligible column, then the ``top_k`` best of those."""
+    best_per_rollout: dict[Hashable, int] = {}
+    for j in _rank([int(j) for j in torch.nonzero(eligible).flatten().tolist()], sims):
+        best_per_rollout.setdefault(rollouts[j], j)  # first seen = best of that sibling
+    return _rank(list(best_per_rollout.values()), sims)[:top_k]
 
 
 def _row(matrix: Optional[torch.Tensor], t: int, shape: tuple[int, int], name: str):
@@ -484,7 +505,7 @@ def align_trajectory(
 
 
 def token_gap(privileged_logps: TensorLike, plain_logps: TensorLike) -> torch.Tensor:
-    """Per-token gap log pi(y_k | privileged context) - log pi(y_k | h_it) for the target response y.
+    """(A3) Per-token gap log pi(y_k | privileged context) - log pi(y_k | h_it) for the target response y.
 
     The local gap g0 uses the target's own privileged view (p, h_it); an aligned gap g_j uses the source
     history (p, h_jt') with the SAME target response teacher-forced. The plain term is always the target's.
@@ -502,7 +523,7 @@ def rectified_gap(
     weights: Optional[TensorLike] = None,
     quality: float = 0.0,
 ) -> torch.Tensor:
-    """g~ = (1 - lambda) g0 + lambda sum_j W_j g_j (Sec. 2.2, multi-view supervision rectification).
+    """(A4) g~ = (1 - lambda) g0 + lambda sum_j W_j g_j (Sec. 2.2, multi-view supervision rectification).
 
     Args:
         local_gap: g0, shape (L,) (one value per token of the target response).
@@ -534,12 +555,32 @@ def rectified_gap(
     return (1.0 - lam) * g0 + lam * (w[:, None] * stacked).sum(dim=0)
 
 
+def rectified_turn_gaps(
+    correspondences: Sequence[TurnCorrespondence],
+    local_gaps: Sequence[Optional[torch.Tensor]],
+    aligned_gaps: Optional[Mapping[tuple[int, int], torch.Tensor]],
+) -> list[Optional[torch.Tensor]]:
+    """(A4) g~ of every turn of one trajectory.
+
+    ``local_gaps`` holds g0 per turn (None: the turn was not scored, and stays None). ``aligned_gaps`` holds g_j
+    keyed (turn, source column); None turns rectification off (the ablation: g~ = g0). A turn whose
+    correspondence kept no source keeps its g0 (identity).
+    """
+    out = []
+    for t, match in enumerate(correspondences):
+        gap = local_gaps[t]
+        if gap is not None and aligned_gaps is not None and not match.is_identity:
+            gap = rectified_gap(gap, [aligned_gaps[(t, s)] for s in match.sources], match.weights, match.quality)
+        out.append(gap)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Sec. 2.3: correspondence-driven spans
 
 
 def correspondence_shift(previous: TensorLike, current: TensorLike) -> float:
-    """D_t = 1 - cos(c_t, c_{t-1}) between adjacent turns' correspondence distributions, in [0, 1].
+    """(A5) D_t = 1 - cos(c_t, c_{t-1}) between adjacent turns' correspondence distributions, in [0, 1].
 
     Empty (all-zero) distributions, i.e. turns with no structurally valid source: D = 0 when both are empty
     (no evidence of a change), D = 1 when exactly one is (gaining or losing all correspondence is a change).
@@ -572,7 +613,7 @@ def correspondence_shifts(distributions: Union[torch.Tensor, Sequence[TensorLike
 
 
 def adaptive_threshold(shift_lists: Sequence[TensorLike], num_std: float = 1.0) -> float:
-    """Batch-adaptive boundary threshold: mean + num_std * std of all D_t in the batch (reconstructed; README, "AlignOPSD").
+    """(A5) Batch-adaptive boundary threshold: mean + num_std * std of all D_t in the batch (reconstructed; README, "AlignOPSD").
 
     ``shift_lists`` holds one ``correspondence_shifts`` result per trajectory of the batch; the statistics pool
     every finite D_t (population std). No shift at all -> +inf (no boundary anywhere).
@@ -592,7 +633,7 @@ def segment_spans(
     max_len: Optional[int] = None,
     num_turns: Optional[int] = None,
 ) -> list[Span]:
-    """Contiguous partition of [0, T) with boundaries where D_t > threshold, under span length limits.
+    """(A5) Contiguous partition of [0, T) with boundaries where D_t > threshold, under span length limits.
 
     Candidate boundaries are the turns t >= 1 with D_t > threshold (``shifts[t - 1]``). With min_len = 1 and no
     max_len the spans start exactly at the candidates. Under the limits, this package's reconstruction picks,
@@ -722,7 +763,7 @@ def allocation_spans(
 
 
 def turn_evidence(rectified: TensorLike, advantage: float | torch.Tensor, mask: Optional[MaskLike] = None) -> float:
-    """e_t = sign(A_i) * mean over the turn's optimised tokens of g~ (Sec. 2.3).
+    """(A6) e_t = sign(A_i) * mean over the turn's optimised tokens of g~ (Sec. 2.3).
 
     ``rectified`` is the turn's g~ per token; ``mask`` (optional) selects the optimised tokens. Non-finite
     values are left out of the mean; a turn with no optimised token or no finite value has evidence 0.0 (no
@@ -747,7 +788,7 @@ def turn_evidences(rectified_per_turn: Sequence[Optional[TensorLike]], advantage
 def span_evidence(
     evidence: TensorLike, spans: Sequence[Span], token_counts: Optional[Sequence[int] | torch.Tensor] = None
 ) -> torch.Tensor:
-    """E_s = mean of e_t over the turns of span s (Sec. 2.3).
+    """(A6) E_s = mean of e_t over the turns of span s (Sec. 2.3).
 
     With ``token_counts``, turns with no optimised token (n_t = 0) are left out (they carry no credit mass); a
     span with none left has E_s = 0.
@@ -776,7 +817,7 @@ def _span_ids(spans: list[Span], num_turns: int) -> torch.Tensor:
 
 
 def neutral_measure(token_counts: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """beta0_t = n_t / N: each turn's share of the trajectory's optimised tokens (GRPO's uniform credit).
+    """(A7) beta0_t = n_t / N: each turn's share of the trajectory's optimised tokens (GRPO's uniform credit).
 
     All zeros when N = 0.
     """
@@ -791,7 +832,7 @@ def hierarchical_weights(
     spans: Sequence[Span],
     temperature: float = DEFAULT_TEMPERATURE,
 ) -> torch.Tensor:
-    """Raw two-level credit weights w_t = beta_s alpha_t / beta0_t, before the bounds (Sec. 2.3; App. E).
+    """(A7) Raw two-level credit weights w_t = beta_s alpha_t / beta0_t, before the bounds (Sec. 2.3; App. E).
 
     beta_s is proportional to beta0_s exp(E_s / temp) over spans; alpha_t to beta0_t exp(e_t / temp) within
     span s. Computed in the log domain (stable for any evidence / temperature). Inside one span
@@ -837,7 +878,7 @@ def hierarchical_weights(
 def bounded_normalize(
     weights: TensorLike, token_counts: Sequence[int] | torch.Tensor, eps: float = DEFAULT_EPS
 ) -> torch.Tensor:
-    """Bounded normalisation: w' = clip(s * w, 1 - eps, 1 + eps) with the scale s chosen so sum n_t w'_t = N.
+    """(A8) Bounded normalisation: w' = clip(s * w, 1 - eps, 1 + eps) with the scale s chosen so sum n_t w'_t = N.
 
     This package's exact form of "clip to [1 - eps, 1 + eps] and rescale so the token-weighted mean is 1".
     Clipping and then rescaling once can leave the bounds again. At a fixed point of "clip, then rescale the
@@ -912,7 +953,7 @@ def alignopsd_weights(
     temperature: float = DEFAULT_TEMPERATURE,
     eps: float = DEFAULT_EPS,
 ) -> torch.Tensor:
-    """Per-turn AlignOPSD credit weights (Sec. 2.3; App. E): hierarchical allocation + bounded normalisation.
+    """(A7) + (A8) Per-turn AlignOPSD credit weights (Sec. 2.3; App. E): hierarchical allocation + bounded normalisation.
 
     Args:
         evidence: e_t per turn (``turn_evidences``).
@@ -972,7 +1013,7 @@ def alignopsd_token_weights(
 
 
 def reweighted_advantages(advantage: float | torch.Tensor, weights: TensorLike) -> torch.Tensor:
-    """A~_t = A_i sg(w_t) (Sec. 2.3): weights are detached; float64 (T,)."""
+    """(A9) A~_t = A_i sg(w_t) (Sec. 2.3): weights are detached; float64 (T,)."""
     a = float(advantage.item() if isinstance(advantage, torch.Tensor) else advantage)
     if not math.isfinite(a):
         raise ValueError(f"advantage must be finite, got {a!r}")

@@ -24,6 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
+ACTION_TAGS: tuple[str, ...] = ("action", "search", "answer")
+"""Every action tag the shipped environments use: where no environment is at hand (stripping action blocks from
+a response), a block of any of them counts as the action."""
+
 
 @dataclass
 class StepResult:

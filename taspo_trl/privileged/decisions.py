@@ -15,11 +15,12 @@ from typing import Any, Sequence
 import torch
 
 from ..credit.alignopsd import TurnCorrespondence, align_trajectory
+from ..envs.base import ACTION_TAGS
 from ..rollout.records import Trajectory
 from .encoder import cosine_matrix
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.IGNORECASE | re.DOTALL)
-_BLOCK = re.compile(r"<(action|search|answer)>.*?</\1>", re.IGNORECASE | re.DOTALL)
+_BLOCK = re.compile(rf"<({'|'.join(ACTION_TAGS)})>.*?</\1>", re.IGNORECASE | re.DOTALL)
 _OPERATION = re.compile(r"^\s*([a-z_]+)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 
 

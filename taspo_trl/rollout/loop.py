@@ -13,19 +13,19 @@ Two ways to build the prompt of a turn (the row ``layout``):
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..envs.base import PromptTemplate
+from ..envs.base import PromptTemplate, StepResult
 from .chat import ChatFormat
-from .env_pool import EnvPool
-from .generation import Generator
+from .env_pool import EnvPool, EpisodeStart
+from .generation import Generation, Generator
 from .records import Trajectory, Turn
 from .spans import locate_action_span, parse_env_action
 
 logger = logging.getLogger(__name__)
 
 LAYOUTS = ("turn", "sequence")
-ACTION_TAGS = ("action", "search", "answer")
 
 
 def run_agent_loop(
@@ -62,106 +62,145 @@ def run_agent_loop(
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
     template = template or PromptTemplate()
-    tokenizer = chat.tokenizer
-    keys = list(range(len(task_specs)))
-    starts = pool.start(dict(zip(keys, task_specs, strict=True)))
-    trajectories = []
-    for key, spec in zip(keys, task_specs, strict=True):
-        s = starts[key]
-        trajectories.append(
-            Trajectory(
-                task_spec=spec,
-                task=s.task,
-                initial_observation=s.observation,
-                group=key // max(group_size, 1),
-                env_name=s.env_name,
-                task_type=s.task_type or spec.get("task_type"),
-                error=s.error,
-            )
-        )
-    limit = {k: min(starts[k].max_turns, max_turns or starts[k].max_turns) for k in keys}
-    observation = {k: starts[k].observation for k in keys}
-    admissible = {k: starts[k].admissible for k in keys}
-    history: dict[int, list[tuple[str, str]]] = {k: [] for k in keys}
-    sequence_ids: dict[int, list[int]] = {}
-    live = [k for k in keys if starts[k].error is None and limit[k] > 0]
-    stop_texts = {}
-
+    episodes = _start_episodes(task_specs, pool, group_size, max_turns)
+    live = [episode for episode in episodes if episode.trajectory.error is None and episode.limit > 0]
     turn = 0
-    while True:
-        if any_process_live is not None:
-            if not any_process_live(bool(live)):
-                break
-        elif not live:
-            break
-        prompts: dict[int, tuple[list[int], str]] = {}
-        for k in list(live):
-            tags = starts[k].action_tags or (starts[k].action_tag,)
-            # A spec's "guidance" (e.g. Skill-GRPO's retrieved skills) is shown to the policy with the env's own text.
-            instructions = "\n".join(x for x in (starts[k].instructions, task_specs[k].get("guidance", "")) if x)
-            if layout == "turn" or turn == 0:
-                text = template.render(
-                    trajectories[k].task, observation[k], history[k], admissible[k], turn, tags, instructions
+    while any_process_live(bool(live)) if any_process_live is not None else live:
+        prompts = {}
+        for episode in live:
+            prompt = _turn_prompt(episode, turn, layout, template, chat)
+            if max_prompt_tokens is not None and len(prompt[0]) > max_prompt_tokens:
+                logger.info(
+                    "trajectory %d ends at turn %d: prompt of %d tokens exceeds %d",
+                    episode.key, turn, len(prompt[0]), max_prompt_tokens,
                 )
-                ids = chat.first_prompt_ids(text)
-            else:
-                text = template.render_followup(observation[k], admissible[k], turn, tags)
-                ids = sequence_ids[k] + chat.continuation_ids(text, stop_texts.get(k, ""))
-            if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-                logger.info("trajectory %d ends at turn %d: prompt of %d tokens exceeds %d", k, turn, len(ids), max_prompt_tokens)
-                trajectories[k].truncated = True
-                live.remove(k)
+                episode.trajectory.truncated = True
                 continue
-            prompts[k] = (ids, text)
-        order = [k for k in live if k in prompts]
-        generations = generate([prompts[k][0] for k in order])
-        actions: dict[int, str] = {}
-        for k, gen in zip(order, generations, strict=True):
-            response_text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            parsed = parse_env_action(response_text, starts[k].action_tags or (starts[k].action_tag,))
-            span = locate_action_span(tokenizer, gen.token_ids, response_text, tags=ACTION_TAGS)
-            trajectories[k].turns.append(
-                Turn(
-                    prompt_ids=prompts[k][0],
-                    response_ids=gen.token_ids,
-                    logprobs=gen.logprobs,
-                    response_text=response_text,
-                    action=parsed.action,
-                    action_valid=parsed.valid,
-                    action_reason=parsed.reason,
-                    action_span=span,
-                    observation="",
-                    prompt_text=prompts[k][1],
-                )
-            )
-            stop_texts[k] = tokenizer.decode(gen.token_ids[-1:]) if gen.stopped else ""
-            sequence_ids[k] = prompts[k][0] + gen.token_ids
-            actions[k] = parsed.action if parsed.valid else ""
+            prompts[episode.key] = prompt
+        live = [episode for episode in live if episode.key in prompts]
+        generations = generate([prompts[episode.key][0] for episode in live])
+        actions = {
+            episode.key: _record_turn(episode, *prompts[episode.key], generation, chat.tokenizer)
+            for episode, generation in zip(live, generations, strict=True)
+        }
         results = pool.step(actions) if actions else {}
-        finished = []
-        for k, result in results.items():
-            record = trajectories[k].turns[-1]
-            record.observation = result.observation
-            record.reward = float(result.reward)
-            history[k].append((observation[k], record.action if record.action_valid else record.response_text[-200:]))
-            observation[k] = result.observation
-            info = result.info or {}
-            admissible[k] = info.get("admissible_commands", admissible[k])
-            if info.get("error"):
-                trajectories[k].error = str(info["error"])
-            if result.done or len(trajectories[k].turns) >= limit[k]:
-                trajectories[k].won = bool(info.get("won", False))
-                trajectories[k].reward = float(result.reward)
-                trajectories[k].truncated = not result.done or bool(info.get("truncated", False))
-                finished.append(k)
-        for k in finished:
-            live.remove(k)
+        finished = {key for key, result in results.items() if _apply_step(episodes[key], result)}
+        live = [episode for episode in live if episode.key not in finished]
         turn += 1
         if on_turn is not None:
             on_turn(turn, len(live))
-    pool.close(keys)
-    for trajectory in trajectories:
-        invalid = sum(not t.action_valid for t in trajectory.turns)
-        trajectory.reward -= invalid_action_penalty * invalid
-    return trajectories
+    pool.close([episode.key for episode in episodes])
+    for episode in episodes:
+        invalid = sum(not t.action_valid for t in episode.trajectory.turns)
+        episode.trajectory.reward -= invalid_action_penalty * invalid
+    return [episode.trajectory for episode in episodes]
 
+
+@dataclass
+class Episode:
+    """One trajectory while it is played: the record being filled in, and what its next prompt is built from."""
+
+    key: int
+    """Its position in the batch, also its key in the environment pool."""
+    start: EpisodeStart
+    trajectory: Trajectory
+    limit: int
+    """Turns it may take: the environment's own limit, capped by the loop's ``max_turns``."""
+    instructions: str
+    observation: str
+    admissible: list[str] | None
+    history: list[tuple[str, str]] = field(default_factory=list)
+    """(observation, action) of each finished turn, for the ``turn`` layout's window."""
+    sequence_ids: list[int] = field(default_factory=list)
+    """The ``sequence`` layout's conversation so far: the last prompt and its response."""
+    stop_text: str = ""
+    """The text of the stop token that ended the last response ("" when it ran to the length limit)."""
+
+    @property
+    def action_tags(self) -> tuple[str, ...]:
+        return self.start.action_tags or (self.start.action_tag,)
+
+
+def _start_episodes(
+    task_specs: list[dict[str, Any]], pool: EnvPool, group_size: int, max_turns: int | None
+) -> list[Episode]:
+    """Resets one environment per spec; siblings of a task (consecutive specs) share a group."""
+    starts = pool.start(dict(enumerate(task_specs)))
+    episodes = []
+    for key, spec in enumerate(task_specs):
+        s = starts[key]
+        trajectory = Trajectory(
+            task_spec=spec,
+            task=s.task,
+            initial_observation=s.observation,
+            group=key // max(group_size, 1),
+            env_name=s.env_name,
+            task_type=s.task_type or spec.get("task_type"),
+            error=s.error,
+        )
+        # A spec's "guidance" (e.g. Skill-GRPO's retrieved skills) is shown to the policy with the env's own text.
+        instructions = "\n".join(x for x in (s.instructions, spec.get("guidance", "")) if x)
+        limit = min(s.max_turns, max_turns or s.max_turns)
+        episodes.append(Episode(key, s, trajectory, limit, instructions, s.observation, s.admissible))
+    return episodes
+
+
+def _turn_prompt(
+    episode: Episode, turn: int, layout: str, template: PromptTemplate, chat: ChatFormat
+) -> tuple[list[int], str]:
+    """The prompt ids of this turn and the user text they end with."""
+    tags = episode.action_tags
+    if layout == "turn" or turn == 0:
+        text = template.render(
+            episode.trajectory.task, episode.observation, episode.history, episode.admissible, turn, tags,
+            episode.instructions,
+        )
+        return chat.first_prompt_ids(text), text
+    text = template.render_followup(episode.observation, episode.admissible, turn, tags)
+    return episode.sequence_ids + chat.continuation_ids(text, episode.stop_text), text
+
+
+def _record_turn(
+    episode: Episode, prompt_ids: list[int], prompt_text: str, generation: Generation, tokenizer: Any
+) -> str:
+    """Appends the generated turn, its action parsed and located with the environment's own tags, and returns
+    the action to send ("" when the response has no valid one)."""
+    response_text = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+    parsed = parse_env_action(response_text, episode.action_tags)
+    span = locate_action_span(tokenizer, generation.token_ids, response_text, tags=episode.action_tags)
+    episode.trajectory.turns.append(
+        Turn(
+            prompt_ids=prompt_ids,
+            response_ids=generation.token_ids,
+            logprobs=generation.logprobs,
+            response_text=response_text,
+            action=parsed.action,
+            action_valid=parsed.valid,
+            action_reason=parsed.reason,
+            action_span=span,
+            observation="",
+            prompt_text=prompt_text,
+        )
+    )
+    episode.stop_text = tokenizer.decode(generation.token_ids[-1:]) if generation.stopped else ""
+    episode.sequence_ids = prompt_ids + generation.token_ids
+    return parsed.action if parsed.valid else ""
+
+
+def _apply_step(episode: Episode, result: StepResult) -> bool:
+    """Records the environment's answer to the last turn; True when the episode has ended."""
+    record = episode.trajectory.turns[-1]
+    record.observation = result.observation
+    record.reward = float(result.reward)
+    episode.history.append((episode.observation, record.action if record.action_valid else record.response_text[-200:]))
+    episode.observation = result.observation
+    info = result.info or {}
+    episode.admissible = info.get("admissible_commands", episode.admissible)
+    if info.get("error"):
+        episode.trajectory.error = str(info["error"])
+    if not result.done and len(episode.trajectory.turns) < episode.limit:
+        return False
+    episode.trajectory.won = bool(info.get("won", False))
+    episode.trajectory.reward = float(result.reward)
+    episode.trajectory.truncated = not result.done or bool(info.get("truncated", False))
+    return True

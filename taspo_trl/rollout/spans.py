@@ -1,7 +1,8 @@
 """Locating the action block of a response, in characters and in tokens, and parsing the action out of it.
 
 TASPO (Appendix A.3) scores the policy's action, not its reasoning: the "action span" of a turn is the first
-complete ``<action>``, ``<search>`` or ``<answer>`` block, tags included. Its token span is found in two
+complete block of one of the environment's action tags (``<action>``; Search-QA's ``<search>`` or
+``<answer>``), tags included; without tags, any of ``ACTION_TAGS``. Its token span is found in two
 steps. First, each response token is decoded on its own and the tokens whose text overlaps the block found in
 the concatenation are taken. If that text has no block, the recorded response text is searched instead, and
 the matched block is tokenized (with and without one leading space) and located as an exact subsequence of the
@@ -19,10 +20,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from ..envs.base import ACTION_TAGS
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-ACTION_TAGS: tuple[str, ...] = ("action", "search", "answer")
 EMPTY_SPAN: tuple[int, int] = (0, 0)
 
 

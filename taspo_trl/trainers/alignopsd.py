@@ -35,10 +35,18 @@ from ..credit.alignopsd import (
     alignopsd_weights,
     allocation_spans,
     correspondence_shifts,
-    rectified_gap,
+    rectified_turn_gaps,
+    token_gap,
     turn_evidences,
 )
-from ..privileged.decisions import embed_group, target_correspondence, think_text
+from ..privileged.alignment import (
+    Correspondences,
+    active_contexts,
+    aligned_view_requests,
+    batch_correspondences,
+    skill_contexts,
+)
+from ..privileged.decisions import think_text
 from ..privileged.encoder import get_encoder
 from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank
@@ -131,22 +139,20 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
     def turn_weights(
         self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
     ) -> list[list[float | list[float]]]:
+        """Each turn's AlignOPSD weight (per token in the token ablation): the module docstring's steps 1-5, the
+        equations (A1)-(A8) of docs/methods.md."""
         args = self.args
-        metrics = self._metrics["train" if self.model.training else "eval"]
         local = len(trajectories)
         everything = gather_object(trajectories) if self.accelerator.num_processes > 1 else list(trajectories)
         first = self.accelerator.process_index * local
 
-        # 1. p_x: the top-k skills of each task, rendered as one privileged block.
+        # p_x of every task; only trajectories whose credit can move (A_i != 0) are rescored and matched.
         started = time.perf_counter()
-        skills = self.skill_bank.retrieve_batch([t.task for t in everything], args.skill_top_k, [t.task_type for t in everything])
-        skill_texts = [self.skill_bank.render(s) if s else "" for s in skills]
-        active = [skill_texts[first + i] if float(advantages[i]) != 0.0 else "" for i in range(local)]
-
-        # 2. Local gap g0 on every response token, against the plain reference the aligned gaps g_j share (step 4):
-        #    g~ mixes them, so a reference that differed between the two would move the matched turns only.
+        skill_texts = skill_contexts(self.skill_bank, everything, args.skill_top_k)
+        active = active_contexts(skill_texts[first : first + local], advantages)
+        # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
+        # a reference that differed between the two would move the matched turns only.
         plain_rows = self._plain_logprobs(rows, batch)
-        plain_turns = rows.collect(plain_rows)
         local_gaps = privileged_token_shifts(
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
@@ -155,108 +161,127 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         )
         rescoring_seconds = time.perf_counter() - started
 
-        # 3. Correspondence of every turn of this process's trajectories over their siblings' turns (the target's
-        #    decision states are its own thinking, or with teacher_thinking the thinking generated under p_x).
+        # Decision correspondence over the siblings' turns (A1, A2), from the target's own thinking or, with
+        # teacher_thinking, the thinking generated under p_x.
         teacher_states = self._teacher_thinking_states(trajectories, active) if args.teacher_thinking else {}
         started = time.perf_counter()
-        correspondences: dict[int, tuple[list, list]] = {}
-        states_by_group: dict[int, Any] = {}
-        for i in range(local):
-            if not active[i]:
-                continue
-            group = everything[first + i].group
-            members = [j for j, t in enumerate(everything) if t.group == group]
-            if group not in states_by_group:
-                states_by_group[group] = embed_group(everything, members, self.encoder)
-            correspondences[i] = target_correspondence(
-                everything, first + i, states_by_group[group],
-                exact_action_match=args.exact_action_match, target_thinking=teacher_states.get(i),
-                threshold=args.similarity_threshold, top_k=args.source_top_k, action_threshold=args.action_threshold,
-            )
+        correspondences = batch_correspondences(
+            everything, first, active, self.encoder, teacher_states, exact_action_match=args.exact_action_match,
+            threshold=args.similarity_threshold, top_k=args.source_top_k, action_threshold=args.action_threshold,
+        )
         encoder_seconds = time.perf_counter() - started
 
-        # 4. Rectification: the same target response teacher-forced under each aligned source history with p_x.
         started = time.perf_counter()
-        requests, owners = [], []
-        if args.rectification:
-            for i, (per_turn, columns) in correspondences.items():
-                for t, match in enumerate(per_turn):
-                    for source in match.sources:
-                        j, u = columns[source]
-                        prompt = privileged_prompt_ids(everything[j], u, skill_texts[j], self.chat)
-                        requests.append((prompt, trajectories[i].turns[t].response_ids))
-                        owners.append((i, t, source))
-        aligned = score_continuations(
+        aligned_gaps, aligned_views = self._aligned_gaps(
+            correspondences, trajectories, everything, skill_texts, rows.collect(plain_rows)
+        )
+        rescoring_seconds += time.perf_counter() - started
+
+        # Rectified gaps (A4), correspondence shifts (A5), then each trajectory's spans and weights (A5-A8).
+        rectified = {
+            i: rectified_turn_gaps(
+                per_turn, [local_gaps.get((i, t)) for t in range(len(per_turn))],
+                aligned_gaps.get(i, {}) if args.rectification else None,
+            )
+            for i, (per_turn, _) in correspondences.items()
+        }
+        shifts = {
+            i: correspondence_shifts([m.distribution for m in per_turn]) if per_turn else torch.zeros(0)
+            for i, (per_turn, _) in correspondences.items()
+        }
+        threshold = self._batch_shift_threshold(shifts)
+        rng = random.Random(args.seed + self.state.global_step)
+        allocations = [
+            self._allocate(trajectory, rectified.get(i), float(advantages[i]), shifts.get(i), threshold, rng)
+            for i, trajectory in enumerate(trajectories)
+        ]
+        weights = [w for w, _ in allocations]
+        spans = [s for _, s in allocations]
+
+        self.last_weights, self.last_spans, self.last_skill_texts = weights, spans, skill_texts[first : first + local]
+        self._log_alignment(correspondences, spans, encoder_seconds, rescoring_seconds, aligned_views)
+        return weights
+
+    def _aligned_gaps(
+        self,
+        correspondences: Correspondences,
+        trajectories: list[Trajectory],
+        everything: list[Trajectory],
+        contexts: list[str],
+        plain_turns: dict[tuple[int, int], list[float]],
+    ) -> tuple[dict[int, dict[tuple[int, int], torch.Tensor]], int]:
+        """(A3) g_j of every aligned view, keyed by target trajectory, then (turn, source column), and the number of
+        views. Every process scores, even nothing: the pass may be collective."""
+        requests, owners = (
+            aligned_view_requests(correspondences, trajectories, everything, contexts, self.chat)
+            if self.args.rectification
+            else ([], [])
+        )
+        scored = score_continuations(
             requests,
             self._snapshot_logprobs,
             self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(requests)),
             batch_size=self.rescore_batch_size,
         )
-        aligned_gaps: dict[tuple[int, int, int], torch.Tensor] = {}
-        for (i, t, source), logps in zip(owners, aligned):
-            plain_turn = torch.tensor(plain_turns.get((i, t), []), dtype=torch.float64)
-            aligned_gaps[(i, t, source)] = logps.double() - plain_turn
-        rescoring_seconds += time.perf_counter() - started
+        gaps: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
+        for (i, t, source), logps in zip(owners, scored):
+            gaps.setdefault(i, {})[(t, source)] = token_gap(logps, plain_turns.get((i, t), []))
+        return gaps, len(requests)
 
-        # 5. Rectified gaps, spans (batch-adaptive threshold), evidence and hierarchical allocation.
-        rectified: dict[int, list[torch.Tensor | None]] = {}
-        shifts: dict[int, torch.Tensor] = {}
-        kept, lambdas, similarities, target_turns = 0, [], [], 0
-        for i, (per_turn, _) in correspondences.items():
-            gaps = []
-            for t, match in enumerate(per_turn):
-                g0 = local_gaps.get((i, t))
-                if g0 is not None and args.rectification and not match.is_identity:
-                    g0 = rectified_gap(g0, [aligned_gaps[(i, t, s)] for s in match.sources], match.weights, match.quality)
-                gaps.append(g0)
-                kept += not match.is_identity
-                lambdas.append(match.quality)
-                similarities += match.similarities.tolist()
-            target_turns += len(per_turn)
-            rectified[i] = gaps
-            shifts[i] = correspondence_shifts([m.distribution for m in per_turn]) if per_turn else torch.zeros(0)
-        all_shifts = gather_object([s.tolist() for s in shifts.values()]) if self.accelerator.num_processes > 1 else [
-            s.tolist() for s in shifts.values()
-        ]
-        threshold = adaptive_threshold([torch.tensor(s, dtype=torch.float64) for s in all_shifts], args.span_threshold_std)
+    def _batch_shift_threshold(self, shifts: dict[int, torch.Tensor]) -> float:
+        """(A5) The span boundary threshold over every correspondence shift of the whole batch (all processes)."""
+        local = [s.tolist() for s in shifts.values()]
+        everyone = gather_object(local) if self.accelerator.num_processes > 1 else local
+        return adaptive_threshold([torch.tensor(s, dtype=torch.float64) for s in everyone], self.args.span_threshold_std)
 
-        weights: list[list[float | list[float]]] = []
-        spans_out: list[list[tuple[int, int]]] = []
-        rng = random.Random(args.seed + self.state.global_step)
-        for i, trajectory in enumerate(trajectories):
-            n_turns = trajectory.num_turns
-            if i not in rectified or n_turns == 0:
-                weights.append([1.0] * n_turns)
-                spans_out.append([(0, n_turns)] if n_turns else [])
-                continue
-            advantage = float(advantages[i])
-            if args.allocation == "token":
-                token_w = alignopsd_token_weights(rectified[i], advantage, args.credit_temperature, args.weight_bound)
-                weights.append([w.tolist() if w.numel() else 1.0 for w in token_w])
-                spans_out.append([(t, t + 1) for t in range(n_turns)])
-                continue
-            spans = allocation_spans(
-                args.allocation, n_turns, shifts=shifts[i], threshold=threshold, rng=rng,
-                min_len=args.span_min_turns, max_len=args.span_max_turns,
-            )
-            evidence = turn_evidences(rectified[i], advantage)
-            counts = [len(turn.response_ids) for turn in trajectory.turns]
-            weights.append(alignopsd_weights(evidence, counts, spans, args.credit_temperature, args.weight_bound).tolist())
-            spans_out.append(spans)
+    def _allocate(
+        self,
+        trajectory: Trajectory,
+        gaps: list[torch.Tensor | None] | None,
+        advantage: float,
+        shifts: torch.Tensor | None,
+        threshold: float,
+        rng: random.Random,
+    ) -> tuple[list[float | list[float]], list[tuple[int, int]]]:
+        """(A5)-(A8) for one trajectory: its weights (per turn, or per token in the token ablation) and credit spans.
+        A trajectory that was not matched (``gaps`` None) keeps GRPO's uniform credit."""
+        args = self.args
+        n_turns = trajectory.num_turns
+        if gaps is None or n_turns == 0:
+            return [1.0] * n_turns, ([(0, n_turns)] if n_turns else [])
+        if args.allocation == "token":
+            token_w = alignopsd_token_weights(gaps, advantage, args.credit_temperature, args.weight_bound)
+            return [w.tolist() if w.numel() else 1.0 for w in token_w], [(t, t + 1) for t in range(n_turns)]
+        spans = allocation_spans(
+            args.allocation, n_turns, shifts=shifts, threshold=threshold, rng=rng,
+            min_len=args.span_min_turns, max_len=args.span_max_turns,
+        )
+        evidence = turn_evidences(gaps, advantage)
+        counts = [len(turn.response_ids) for turn in trajectory.turns]
+        return alignopsd_weights(evidence, counts, spans, args.credit_temperature, args.weight_bound).tolist(), spans
 
-        self.last_weights, self.last_spans, self.last_skill_texts = weights, spans_out, skill_texts[first : first + local]
-        metrics["alignopsd/match_rate"].append(kept / max(target_turns, 1))
-        metrics["alignopsd/lambda_mean"].append(sum(lambdas) / max(len(lambdas), 1))
+    def _log_alignment(
+        self,
+        correspondences: Correspondences,
+        spans: list[list[tuple[int, int]]],
+        encoder_seconds: float,
+        rescoring_seconds: float,
+        aligned_views: int,
+    ) -> None:
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        matches = [match for per_turn, _ in correspondences.values() for match in per_turn]
+        similarities = [s for match in matches for s in match.similarities.tolist()]
+        metrics["alignopsd/match_rate"].append(sum(not m.is_identity for m in matches) / max(len(matches), 1))
+        metrics["alignopsd/lambda_mean"].append(sum(m.quality for m in matches) / max(len(matches), 1))
         if similarities:
             metrics["alignopsd/similarity_mean"].append(sum(similarities) / len(similarities))
-        span_lengths = [end - start for spans in spans_out for start, end in spans]
-        metrics["alignopsd/span_count"].append(sum(len(s) for s in spans_out) / max(len(spans_out), 1))
+        span_lengths = [end - start for trajectory_spans in spans for start, end in trajectory_spans]
+        metrics["alignopsd/span_count"].append(sum(len(s) for s in spans) / max(len(spans), 1))
         metrics["alignopsd/span_length_mean"].append(sum(span_lengths) / max(len(span_lengths), 1))
         metrics["alignopsd/encoder_seconds"].append(encoder_seconds)
         metrics["alignopsd/rescoring_seconds"].append(rescoring_seconds)
-        metrics["alignopsd/aligned_views"].append(float(len(requests)))
-        return weights
+        metrics["alignopsd/aligned_views"].append(float(aligned_views))
 
     def _teacher_thinking_states(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[int, torch.Tensor]:
         """Per trajectory with a context, the encoded ``<think>`` text the snapshot writes for each of its turns

@@ -501,20 +501,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             trajectory.group = (first + k) // num_generations
         self._last_trajectories = trajectories
 
-        # 2. Rewards through TRL's reward functions; they see the trajectory's fields as keyword arguments.
-        for row, trajectory in zip(inputs, trajectories, strict=True):
-            row.update(
-                env_reward=trajectory.reward,
-                won=trajectory.won,
-                task_type=trajectory.task_type,
-                num_turns=trajectory.num_turns,
-            )
-        prompts = [row["prompt"] for row in inputs]
-        completions = [t.turns[-1].response_text if t.turns else "" for t in trajectories]
-        completion_ids = [t.turns[-1].response_ids if t.turns else [] for t in trajectories]
-        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
-        rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        # 2. Rewards through TRL's reward functions.
+        rewards_per_func, rewards = self._trajectory_rewards(inputs, trajectories)
 
         # 3. Outcome advantages over all processes' rewards, then this process's slice.
         all_advantages = grpo_outcome_advantages(
@@ -594,6 +582,26 @@ class AgentGRPOTrainer(GRPOTrainer):
                 self._turns_path = start_turns_log(self.args.output_dir, resumed=self.state.global_step > 0)
             with open(self._turns_path, "a") as handle:
                 handle.writelines(json.dumps(r) + "\n" for r in records)
+
+    def _trajectory_rewards(
+        self, inputs: list[dict[str, Any]], trajectories: list[Trajectory]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each reward function's score of every trajectory, and their weighted sum (NaN where all are NaN). The
+        reward functions see the trajectory's fields as keyword arguments."""
+        for row, trajectory in zip(inputs, trajectories, strict=True):
+            row.update(
+                env_reward=trajectory.reward,
+                won=trajectory.won,
+                task_type=trajectory.task_type,
+                num_turns=trajectory.num_turns,
+            )
+        prompts = [row["prompt"] for row in inputs]
+        completions = [t.turns[-1].response_text if t.turns else "" for t in trajectories]
+        completion_ids = [t.turns[-1].response_ids if t.turns else [] for t in trajectories]
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
+        rewards = (rewards_per_func * self.reward_weights.to(self.accelerator.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards_per_func, rewards
 
     def _batch_from_rows(self, rows: Rows, mode: str) -> dict[str, Any]:
         """Padded tensors of the rows and the log-probs TRL's loss needs; advantages and masks come after credit."""
