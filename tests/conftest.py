@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from taspo_trl.models import EMBEDDED_MODEL, make_tiny_model_dir, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.testing import make_tiny_model_dir
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, eval_main, evaluate_rows, summarize
 from taspo_trl.models import load_model_and_tokenizer
 from taspo_trl.rollout.records import Trajectory, Turn
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.testing import PlannedGenerator
 
 
 def _trajectory(task_type: str, won: bool, turns: int, reward: float | None = None) -> Trajectory:

@@ -16,11 +16,11 @@ from taspo_trl.models import (
     embedded_model_dir,
     is_embedded,
     load_model_and_tokenizer,
-    make_tiny_model_dir,
     prepare_tokenizer,
     require_chat_template,
     resolve_model_path,
 )
+from taspo_trl.testing import make_tiny_model_dir
 
 
 def _forbid_conversion(*args, **kwargs):

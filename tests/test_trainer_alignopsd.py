@@ -31,7 +31,7 @@ from taspo_trl.privileged.decisions import (
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.records import Trajectory, Turn
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 
 
 def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:

@@ -22,7 +22,7 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged import PI_HEADER
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 
 MAX_TURNS = 6

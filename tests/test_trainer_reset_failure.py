@@ -12,7 +12,7 @@ from toy_envs import locker_factory
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer, encode_task_prompt
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.testing import PlannedGenerator
 
 SPEC = {"target": 3, "max_turns": 2}
 # Two wins (locker 3 at once, then after one empty locker), one failure out of turns, one environment that never

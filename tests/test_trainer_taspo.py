@@ -21,7 +21,7 @@ from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrain
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
 from taspo_trl.rollout.layouts import build_rows
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 
 MAX_TURNS = 6
 

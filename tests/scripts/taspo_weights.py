@@ -19,7 +19,7 @@ from datasets import Dataset
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import task_spec_rows
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 
 
 def main() -> None:

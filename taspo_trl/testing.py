@@ -1,16 +1,78 @@
-"""A generator that replays fixed action plans but records the policy's REAL log-probs of the scripted tokens.
+"""Helpers for tests, benchmarks and notebooks: tiny random-weight models and scripted rollouts.
 
-Used for oracle/scripted rollouts (walkthrough-following siblings) in tests, benchmarks and demonstrations:
-groups then contain verified successes, so privileged information and rescoring run on genuine numbers.
+- ``make_tiny_model_dir`` saves a random-weight causal LM with the embedded tokenizer: real tokenization and chat
+  template, millisecond forward passes.
+- ``PlannedGenerator`` replays fixed action plans but records the policy's REAL log-probs of the scripted tokens,
+  so groups contain verified successes and privileged rescoring runs on genuine numbers.
+- ``walkthrough_plans`` builds four sibling plans (two wins, two stalls) from a game's walkthrough.
+
+Nothing in the training path imports this module.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from .generation import Generation
+from .models import EMBEDDED_MODEL, resolve_model_path
+from .rollout.generation import Generation
+
+
+def make_tiny_model_dir(
+    out_dir: str | os.PathLike[str],
+    tokenizer_source: str = EMBEDDED_MODEL,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 4096,
+    model_type: str = "llama",
+    **config_overrides: Any,
+) -> str:
+    """Save a random-weight causal LM (tiny by default) with ``tokenizer_source``'s tokenizer to ``out_dir``.
+
+    Same vocabulary and chat template as the real policy, so prompts, action spans and rollouts exercise the
+    real tokenization, while a forward pass costs milliseconds. The weights depend only on ``seed``.
+    ``model_type`` is a ``transformers`` architecture name (``"llama"``, ``"qwen2"``, ...); extra keyword
+    arguments go to its config and win over the defaults here (``vocab_size`` defaults to the tokenizer's
+    length). Returns ``out_dir`` as a string.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    settings: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=pad_id,
+        tie_word_embeddings=True,
+    )
+    config = AutoConfig.for_model(model_type, **{**settings, **config_overrides})
+    # Seed a forked RNG so building a tiny model never shifts the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id
+    )
+    tokenizer.model_max_length = max_position_embeddings
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
 
 
 class PlannedGenerator:
