@@ -3,7 +3,8 @@
     python benchmarks/warm_start_eval.py                       # embedded vs embedded:smollm2-135m-alfworld
     python benchmarks/warm_start_eval.py --models PATH [PATH ...] --games-per-type 2 --out results.json
 
-Two measurements per model, both with the quickstart's prompts (turn layout, history window 1):
+Two measurements per model, both with the quickstart's prompts (turn layout; the history window the model was
+trained with, read from its ``warm_start.json``, else 1, or ``--history-window``):
 1. greedy decoding on generated ``eval_unseen`` games (rooms and objects the warm start never saw): the
    valid-action rate over all turns, success per task family, and the mean steps of the won episodes;
 2. sampling at temperature 1 on the quickstart's own train games with its K siblings per game: in how many
@@ -57,18 +58,28 @@ def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
     }
 
 
+def trained_history_window(model_dir: str) -> int:
+    """The history window a warm start was trained with (its prompts must match), 1 for any other model."""
+    record = Path(model_dir) / "warm_start.json"
+    if not record.is_file():
+        return 1
+    return int(json.loads(record.read_text())["fingerprint"]["settings"]["history_window"])
+
+
 def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:
-    model, tokenizer = load_model_and_tokenizer(resolve_policy_path(model_name))
+    model_dir = resolve_policy_path(model_name)
+    model, tokenizer = load_model_and_tokenizer(model_dir)
+    window = args.history_window or trained_history_window(model_dir)
     env_factory = get_env_factory("alfworld")
     started = time.perf_counter()
-    greedy = EvalArguments(history_window=1, max_turns=args.eval_turns, max_completion_length=args.max_completion_length,
+    greedy = EvalArguments(history_window=window, max_turns=args.eval_turns, max_completion_length=args.max_completion_length,
                            temperature=0.0, eval_batch_size=len(unseen_rows), seed=0)
     unseen = act_stats(evaluate_rows(unseen_rows, model, tokenizer, greedy, env_factory))
-    sampled = EvalArguments(history_window=1, max_turns=args.train_turns, max_completion_length=args.max_completion_length,
+    sampled = EvalArguments(history_window=window, max_turns=args.train_turns, max_completion_length=args.max_completion_length,
                             temperature=1.0, eval_batch_size=len(train_rows) * args.siblings, seed=0)
     siblings = [row for row in train_rows for _ in range(args.siblings)]
     train = group_stats(evaluate_rows(siblings, model, tokenizer, sampled, env_factory), args.siblings)
-    return {"model": model_name, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
+    return {"model": model_name, "history_window": window, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -103,6 +114,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--train-turns", type=int, default=12, help="the quickstart's max_turns")
     parser.add_argument("--siblings", type=int, default=4, help="the quickstart's num_generations")
     parser.add_argument("--max-completion-length", type=int, default=48, help="the quickstart's response length")
+    parser.add_argument("--history-window", type=int, default=None,
+                        help="prompt history window (default: the model's warm_start.json, else 1)")
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
     parser.add_argument("--out", default="outputs/warm_start_eval.json")
     args = parser.parse_args(argv)
