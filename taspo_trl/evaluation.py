@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -53,10 +54,23 @@ class EvalArguments:
             as in training (Table C.2: 50/15/4 turns, 512 response tokens).
         temperature (`float`, defaults to `1.0`): sampling temperature; `0` decodes greedily. The papers do not
             state their evaluation decoding, so the default is the rollout setting of Table C.2.
-        top_p (`float`, defaults to `1.0`): nucleus sampling.
+        top_p (`float`, defaults to `1.0`), top_k (`int`, defaults to `0`: off), min_p (`float` or `None`),
+            repetition_penalty (`float`, defaults to `1.0`), generation_kwargs (`dict` or `None`): the sampling
+            settings of `GRPOConfig`, with its meaning, so a recipe evaluates with the decoding it trained with;
+            `generation_kwargs` (a JSON object on the command line) is applied over the others. With the
+            transformers backend its keys must be `transformers.GenerationConfig` fields.
+        use_vllm (`bool`, defaults to `False`): generate with TRL's vLLM integration (`trl.generation`), as
+            training does with `use_vllm`; needs a CUDA GPU and `pip install 'taspo-trl[vllm]'`. On a machine
+            without a CUDA GPU the evaluation uses transformers instead and says so, so a GPU recipe still
+            evaluates on CPU. `vllm_mode` (`colocate` or `server`), `vllm_server_base_url` and
+            `vllm_gpu_memory_utilization` mean what they mean in `GRPOConfig`.
         seed (`int`, defaults to `0`): sampling seed, reset before every batch.
         eval_batch_size (`int`, defaults to `16`): episodes played in parallel.
         num_env_workers (`int`, defaults to `0`): environment worker processes (0: in process).
+        env_step_timeout (`float`, defaults to `300.0`): seconds an environment may take to reset or step (as
+            training's `env_step_timeout`). An episode past it ends as failed with a logged warning and the
+            evaluation goes on. With workers the worker is killed and replaced; in process the call is left
+            running in a background thread (Python cannot interrupt it) and its episode is dropped.
         results_dir (`str`, defaults to `"outputs/eval"`): where the JSON and markdown results go.
         device (`str`, defaults to `"cpu"`): `cpu`, `cuda`, ...
         dtype (`str`, defaults to `"float32"`): model dtype (`bfloat16` on GPUs).
@@ -78,14 +92,50 @@ class EvalArguments:
     max_completion_length: int = field(default=512, metadata={"help": "Response tokens per turn."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (0: greedy)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling (0: off)."})
+    min_p: float | None = field(default=None, metadata={"help": "Min-p sampling (None: off)."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0: none)."})
+    generation_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Further generation settings (JSON object), applied over the others."}
+    )
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with TRL's vLLM integration (CUDA GPU)."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "vLLM mode: colocate or server."})
+    vllm_server_base_url: str | None = field(default=None, metadata={"help": "vLLM server URL (server mode)."})
+    vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM GPU memory share (colocate)."})
     seed: int = field(default=0, metadata={"help": "Sampling seed."})
     eval_batch_size: int = field(default=16, metadata={"help": "Episodes played in parallel."})
     num_env_workers: int = field(default=0, metadata={"help": "Environment worker processes."})
+    env_step_timeout: float = field(default=300.0, metadata={"help": "Seconds per environment reset/step."})
     results_dir: str = field(default="outputs/eval", metadata={"help": "Output folder."})
     device: str = field(default="cpu", metadata={"help": "Device."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype."})
     prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skills in the policy prompt (Skill-GRPO*)."})
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.generation_kwargs, str):  # the command line passes the JSON text
+            try:
+                self.generation_kwargs = json.loads(self.generation_kwargs)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"generation_kwargs must be a JSON object, e.g. '{{\"no_repeat_ngram_size\": 3}}': {error}") from None
+        if self.generation_kwargs is not None and not isinstance(self.generation_kwargs, dict):
+            raise ValueError(f"generation_kwargs must be a mapping of generation settings, got {self.generation_kwargs!r}.")
+        self.top_k = self.top_k or 0  # a recipe's `top_k: null`, as GRPOConfig allows
+        rules = {
+            "temperature": (self.temperature >= 0, ">= 0 (0 decodes greedily)"),
+            "top_p": (0 < self.top_p <= 1, "in (0, 1]"),
+            "top_k": (self.top_k >= 0, ">= 0 (0: off)"),
+            "min_p": (self.min_p is None or 0 <= self.min_p <= 1, "in [0, 1]"),
+            "repetition_penalty": (self.repetition_penalty > 0, "> 0 (1.0: none)"),
+            "env_step_timeout": (self.env_step_timeout > 0, "> 0 seconds"),
+            "eval_batch_size": (self.eval_batch_size >= 1, ">= 1"),
+            "num_env_workers": (self.num_env_workers >= 0, ">= 0"),
+        }
+        for name, (ok, rule) in rules.items():
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}; set --{name} accordingly.")
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}.")
 
 
 def summarize(trajectories: list[Any]) -> dict[str, Any]:
@@ -110,6 +160,154 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
     return {"groups": {name: stats(items) for name, items in sorted(groups.items())}, "overall": stats(trajectories)}
 
 
+def _sampling_settings(args: EvalArguments) -> dict[str, Any]:
+    """``min_p``, ``repetition_penalty`` and ``generation_kwargs`` (over them), as TRL's trainer assembles them."""
+    extra = {"min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
+    return {key: value for key, value in extra.items() if value is not None} | dict(args.generation_kwargs or {})
+
+
+def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
+    """The transformers sampler with every decoding setting of ``args``; a ``generation_kwargs`` key that
+    ``transformers.GenerationConfig`` does not know is refused here rather than by ``generate`` mid-evaluation."""
+    from transformers import GenerationConfig
+
+    from .rollout.generation import TransformersGenerator
+
+    unknown = sorted(set(args.generation_kwargs or {}) - set(GenerationConfig().to_dict()))
+    if unknown:
+        raise ValueError(
+            f"generation_kwargs {unknown} are not transformers generation settings (GenerationConfig fields); "
+            "remove them, or evaluate with --use_vllm true if they are vLLM SamplingParams."
+        )
+    return TransformersGenerator(
+        model,
+        tokenizer,
+        max_new_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        generation_kwargs=_sampling_settings(args),
+    )
+
+
+class VLLMEvalGenerator:
+    """Generates through TRL's vLLM integration (``trl.generation.vllm_generation.VLLMGeneration``), the engine
+    training uses with ``use_vllm``, with the model's current weights pushed to it once."""
+
+    def __init__(self, model: Any, tokenizer: Any, args: EvalArguments) -> None:
+        from accelerate import Accelerator
+        from trl.generation.vllm_generation import VLLMGeneration
+
+        from .rollout.generation import _eos_ids
+
+        self.stop_token_ids = _eos_ids(tokenizer, model)
+        self.engine = VLLMGeneration(
+            model,
+            Accelerator(),
+            tokenizer,
+            mode=args.vllm_mode,
+            server_base_url=args.vllm_server_base_url,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            repetition_penalty=args.repetition_penalty,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p or 0.0,
+            max_completion_length=args.max_completion_length,
+            generation_kwargs={"seed": args.seed, **(args.generation_kwargs or {})},
+        )
+        # vLLM loads `model.name_or_path` from disk: a merged LoRA checkpoint's weights exist only in memory.
+        self.engine.sync_weights()
+
+    def __call__(self, prompts: list[list[int]]) -> list[Any]:
+        from .rollout.generation import Generation
+
+        if not prompts:
+            return []
+        _, completions, logprobs, _ = self.engine.generate(prompts, None, num_generations=1)
+        stop = set(self.stop_token_ids)
+        return [
+            Generation(list(ids), [float("nan") if lp[0] is None else float(lp[0]) for lp in lps], bool(ids) and ids[-1] in stop)
+            for ids, lps in zip(completions, logprobs, strict=True)
+        ]
+
+
+def build_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
+    """TRL's vLLM path when ``use_vllm`` is set and a CUDA GPU is present (vLLM missing: ``ImportError`` naming
+    the extra, as in training); otherwise transformers, with a warning when ``use_vllm`` had to be dropped."""
+    import importlib.util
+
+    import torch
+
+    if args.use_vllm and not torch.cuda.is_available():
+        logger.warning("use_vllm is set but this machine has no CUDA GPU: evaluating with transformers instead.")
+    elif args.use_vllm:
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError("use_vllm=True needs the vllm package: pip install 'taspo-trl[vllm]', or set --use_vllm false.")
+        return VLLMEvalGenerator(model, tokenizer, args)
+    return transformers_generator(model, tokenizer, args)
+
+
+class _DeadlineEnv:
+    """An environment whose ``reset``/``step``/``close`` give up after ``seconds``: the call goes on in a daemon
+    thread (Python cannot stop it) and raises ``TimeoutError``, which the pool turns into a failed episode. An
+    environment that timed out once is never called again."""
+
+    def __init__(self, env: Any, seconds: float) -> None:
+        self._env = env
+        self._seconds = seconds
+        self._hung: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    @property
+    def env_name(self) -> str:
+        return getattr(self._env, "env_name", type(self._env).__name__)
+
+    def reset(self) -> Any:
+        return self._call("reset")
+
+    def step(self, action: str) -> Any:
+        return self._call("step", action)
+
+    def close(self) -> None:
+        if self._hung is None and hasattr(self._env, "close"):
+            self._call("close")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self._hung is not None:
+            raise TimeoutError(self._hung)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = getattr(self._env, method)(*args)
+            except BaseException as error:  # handed to the caller's thread, which decides
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name=f"taspo-eval env {method}", daemon=True)
+        thread.start()
+        thread.join(self._seconds)
+        if thread.is_alive():
+            self._hung = f"environment {method} did not return within {self._seconds} s (env_step_timeout)"
+            raise TimeoutError(self._hung)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+
+@dataclass
+class StepDeadline:
+    """An environment factory whose environments time out (``_DeadlineEnv``); picklable when ``factory`` is."""
+
+    factory: Any
+    seconds: float
+
+    def __call__(self, spec: dict[str, Any]) -> Any:
+        return _DeadlineEnv(self.factory(spec), self.seconds)
+
+
 def evaluate_rows(
     rows: list[dict[str, Any]],
     model: Any,
@@ -121,7 +319,8 @@ def evaluate_rows(
     """Play one episode per row with ``model`` and return the trajectories in row order.
 
     ``generate`` replaces the default sampler (``TransformersGenerator`` with the arguments' decoding settings),
-    e.g. with a vLLM-backed generator or a scripted policy.
+    e.g. with a vLLM-backed generator or a scripted policy. An environment call that takes longer than
+    ``args.env_step_timeout`` ends its episode as failed, with a logged warning.
     """
     import torch
 
@@ -129,16 +328,15 @@ def evaluate_rows(
     from .privileged.skillbank import SkillBank, add_skill_guidance
     from .rollout.chat import ChatFormat
     from .rollout.env_pool import EnvPool
-    from .rollout.generation import TransformersGenerator
     from .rollout.loop import run_agent_loop
 
     chat = ChatFormat(tokenizer)
     skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
-    generator = generate or TransformersGenerator(
-        model, tokenizer, max_new_tokens=args.max_completion_length, temperature=args.temperature, top_p=args.top_p
-    )
+    generator = generate or transformers_generator(model, tokenizer, args)
     template = PromptTemplate(history_window=args.history_window)
-    pool = EnvPool(env_factory, num_workers=args.num_env_workers)
+    if args.num_env_workers == 0:  # workers get the pool's hard timeout; in process, a deadline per call
+        env_factory = StepDeadline(env_factory, args.env_step_timeout)
+    pool = EnvPool(env_factory, num_workers=args.num_env_workers, step_timeout=args.env_step_timeout)
     trajectories: list[Any] = []
     try:
         for start in range(0, len(rows), args.eval_batch_size):
@@ -181,28 +379,50 @@ def _split_rows(split: str, args: EvalArguments, script_args: Any) -> list[dict[
     return build_task_rows(args.environment, settings, args.max_turns)
 
 
-def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]]:
-    """Evaluate every split; writes one JSON per split and ``results.md``; returns the result dicts."""
+@dataclass
+class EvalSetup:
+    """What ``prepare_evaluation`` checked and loaded; from here on a fault ends an episode, not the evaluation."""
+
+    env_factory: Any
+    split_rows: dict[str, list[dict[str, Any]]]
+    model: Any
+    tokenizer: Any
+    generate: Any
+
+
+def prepare_evaluation(args: EvalArguments, script_args: Any) -> EvalSetup:
+    """Check the inputs, cheapest first (model reference, splits, task rows), then load the model and its
+    generator. Bad input raises one of ``SETUP_ERRORS`` naming the fix before any episode is played."""
     import torch
 
     from .envs import get_env_factory
-    from .models import load_model_and_tokenizer
+    from .models import check_model_reference, load_model_and_tokenizer
     from .warmstart import resolve_policy_path
-    from .reporting import PAPER_ENVS, render_groups_table, render_results_table, render_steps_table
 
+    check_model_reference(args.model_name_or_path)  # seconds, where building the games first takes minutes
     splits = args.splits or DEFAULT_SPLITS.get(args.environment)
     if not splits:
-        raise SystemExit(f"taspo-eval: name the splits to evaluate for environment {args.environment!r} (--splits).")
+        raise ValueError(f"name the splits to evaluate for environment {args.environment!r} (--splits).")
     env_factory = get_env_factory(args.environment)
-    split_rows = {split: _split_rows(split, args, script_args) for split in splits}  # bad task input fails early
-    model, tokenizer = load_model_and_tokenizer(resolve_policy_path(args.model_name_or_path), dtype=getattr(torch, args.dtype), device=args.device)
+    split_rows = {split: _split_rows(split, args, script_args) for split in splits}
+    model, tokenizer = load_model_and_tokenizer(
+        resolve_policy_path(args.model_name_or_path), dtype=getattr(torch, args.dtype), device=args.device
+    )
+    return EvalSetup(env_factory, split_rows, model, tokenizer, build_generator(model, tokenizer, args))
+
+
+def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | None = None) -> list[dict[str, Any]]:
+    """Evaluate every split; writes one JSON per split and ``results.md``; returns the result dicts."""
+    from .reporting import PAPER_ENVS, render_groups_table, render_results_table, render_steps_table
+
+    setup = setup or prepare_evaluation(args, script_args)
     label = args.label or Path(args.model_name_or_path).name
     out_dir = Path(args.results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for split, rows in split_rows.items():
+    for split, rows in setup.split_rows.items():
         print(f"[taspo-eval] {args.environment}/{split}: {len(rows)} tasks, model={args.model_name_or_path}", flush=True)
-        trajectories = evaluate_rows(rows, model, tokenizer, args, env_factory)
+        trajectories = evaluate_rows(rows, setup.model, setup.tokenizer, args, setup.env_factory, setup.generate)
         result = {
             "env": args.environment,
             "model": args.model_name_or_path,
@@ -225,13 +445,12 @@ def run_evaluation(args: EvalArguments, script_args: Any) -> list[dict[str, Any]
     return results
 
 
-def eval_main(argv: list[str] | None = None) -> None:
-    """``taspo-eval``: parse flags (and an optional recipe), evaluate, print the table."""
+def _parse_eval_args(argv: list[str]) -> tuple[EvalArguments, Any]:
     from trl import TrlParser
 
     from .script_args import AgentScriptArguments, import_env_module, resolve_config_argv
 
-    argv = resolve_config_argv(list(sys.argv[1:] if argv is None else argv), "taspo-eval")
+    argv = resolve_config_argv(argv, "taspo-eval")
     parser = TrlParser((AgentScriptArguments, EvalArguments))
     script_args, args, _ignored_recipe_keys, unknown = parser.parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True
@@ -239,9 +458,22 @@ def eval_main(argv: list[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"taspo-eval: unknown arguments {unknown}; see taspo-eval --help.")
     import_env_module(script_args.env_module, "taspo-eval")
-    logging.basicConfig(level=logging.WARNING)
-    run_evaluation(args, script_args)
+    return args, script_args
 
+
+def eval_main(argv: list[str] | None = None) -> None:
+    """``taspo-eval``: parse flags (and an optional recipe), check and load everything, evaluate, print the
+    table. A setup error is one line (``--debug`` shows its traceback)."""
+    from .script_args import SETUP_ERRORS, one_line_errors
+
+    argv, fail = one_line_errors("taspo-eval", list(sys.argv[1:] if argv is None else argv))
+    try:
+        args, script_args = _parse_eval_args(argv)
+        logging.basicConfig(level=logging.WARNING)
+        setup = prepare_evaluation(args, script_args)
+    except SETUP_ERRORS as error:
+        fail(error)
+    run_evaluation(args, script_args, setup)
 
 if __name__ == "__main__":
     eval_main()

@@ -140,7 +140,17 @@ class AgentGRPOConfig(GRPOConfig):
     log_turns: bool = field(default=False, metadata={"help": "Write per-turn records to <output_dir>/turns.jsonl."})
 
     def __post_init__(self):
-        super().__post_init__()
+        # TRL's own check divides by num_generations, so a zero would surface as a ZeroDivisionError.
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be >= 2 (GRPO compares each task's rollouts with each other), got "
+                f"{self.num_generations}. Set num_generations: 2 or more."
+            )
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            raise ValueError(f"{error}{self._batch_fix()}") from None
+        self._check_counts()
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
         if not self.env_step_timeout > 0:
@@ -157,6 +167,36 @@ class AgentGRPOConfig(GRPOConfig):
         self._refuse_trl_settings_the_agent_loop_ignores()
         if self.use_vllm:
             _check_vllm_available()
+
+    def _batch_fix(self) -> str:
+        """The fix for TRL's 'generation_batch_size must be divisible by num_generations' (else ""): TRL derives
+        that batch from fields the user set, so the message names those."""
+        batch = self.generation_batch_size
+        if batch is None or batch % self.num_generations == 0:
+            return ""
+        return (
+            f" Each generation batch holds whole groups of num_generations={self.num_generations} rollouts; it is "
+            "per_device_train_batch_size x gradient_accumulation_steps (or steps_per_generation) x processes "
+            "unless generation_batch_size is set: make it a multiple of num_generations, e.g. "
+            f"per_device_train_batch_size: {self.num_generations}."
+        )
+
+    def _check_counts(self) -> None:
+        """The agent settings that are counts or sizes: a bad one fails here, not at the first rollout."""
+        minimums = {
+            "history_window": 0, "max_prompt_tokens": 1, "env_workers": 0, "skill_top_k": 1, "prompt_skill_top_k": 1,
+            "max_turns": 1, "rollout_batch_size": 1, "rescore_batch_size": 1,
+        }
+        for name, minimum in minimums.items():
+            value = getattr(self, name)
+            if value is not None and value < minimum:
+                unset = ", or leave it unset" if name in ("max_turns", "rollout_batch_size", "rescore_batch_size") else ""
+                raise ValueError(f"{name} must be >= {minimum}, got {value}. Set {name}: {minimum} or more{unset}.")
+        if not self.advantage_epsilon > 0:
+            raise ValueError(
+                f"advantage_epsilon must be > 0 (it keeps A = (R - mean) / (std + epsilon) finite when a group's "
+                f"rewards are equal), got {self.advantage_epsilon}. Leave the default 1e-4."
+            )
 
     def _refuse_trl_settings_the_agent_loop_ignores(self) -> None:
         """`AgentGRPOTrainer._generate_and_score_completions` replaces TRL's; a `GRPOConfig` setting it does not
