@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import llama3_1_chat_template, qwen2_5_chat_template
 
+import taspo_trl.rollout.trl_rollout as trl_rollout
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer, as_trl_environment
 from taspo_trl.envs import encode_task_prompt, task_spec_from_row
@@ -381,7 +382,7 @@ def test_make_rollout_func_plays_rows_for_plain_trl(tmp_path, tiny_model_dir, mo
     trainer = GRPOTrainer(model=tiny_model_dir, args=args, train_dataset=Dataset.from_list([{"prompt": prompts[0]}]),
                           reward_funcs=[grpo_module.environment_reward], rollout_func=rollout)
     generator = ScriptedGenerator(trainer.processing_class, ["<action>open locker 1</action>", "<action>open locker 2</action>"])
-    monkeypatch.setattr("taspo_trl.rollout.trl_rollout.generator_for_trainer", lambda _trainer: generator)
+    monkeypatch.setattr(trl_rollout, "generator_for_trainer", lambda _trainer: generator)
     out = rollout(prompts, trainer)
     assert out["env_reward"] == [1.0, 1.0] and out["won"] == [True, True] and out["num_turns"] == [2, 2]
     assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["env_mask"]) == 2
@@ -392,6 +393,20 @@ def test_make_rollout_func_plays_rows_for_plain_trl(tmp_path, tiny_model_dir, mo
     assert len(out["logprobs"][0]) == len(out["completion_ids"][0])
 
 
+def test_make_rollout_func_gives_its_pool_the_step_timeout(monkeypatch):
+    made = {}
+
+    class RecordingPool(EnvPool):
+        def __init__(self, factory, **kwargs):
+            made.update(kwargs)
+            super().__init__(factory, **kwargs)
+
+    monkeypatch.setattr(trl_rollout, "EnvPool", RecordingPool)
+    make_rollout_func(locker_factory, env_step_timeout=7.5)
+    assert made == {"num_workers": 0, "step_timeout": 7.5}
+
+
+@pytest.mark.slow  # spawns environment worker processes (the fast test above checks the wiring)
 def test_make_rollout_func_ends_a_hanging_step_at_the_timeout(tmp_path, tiny_model_dir, monkeypatch):
     rollout = make_rollout_func(fault_factory, max_turns=2, env_workers=2, env_step_timeout=2.0)
     trainer = GRPOTrainer(
@@ -399,7 +414,7 @@ def test_make_rollout_func_ends_a_hanging_step_at_the_timeout(tmp_path, tiny_mod
         train_dataset=Dataset.from_list([{"prompt": "p"}]), reward_funcs=[grpo_module.environment_reward], rollout_func=rollout,
     )
     generator = ScriptedGenerator(trainer.processing_class, ["<action>win</action>"])
-    monkeypatch.setattr("taspo_trl.rollout.trl_rollout.generator_for_trainer", lambda _trainer: generator)
+    monkeypatch.setattr(trl_rollout, "generator_for_trainer", lambda _trainer: generator)
     out = rollout([encode_task_prompt({"fault": "hang"}), encode_task_prompt({"fault": None})], trainer)
     # The hanging step ends its episode with an environment error; the other worker's episode wins.
     assert out["env_reward"] == [0.0, 1.0] and out["won"] == [False, True] and out["num_turns"] == [1, 1]

@@ -280,6 +280,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
     environment's `task_spec_rows`), so the same dataset also works with TRL's `rollout_func` path.
+    TRL's `environment_factory=` is taken with TRL's meaning and played by the agent loop
+    (`taspo_trl.envs.trl_style`).
     """
 
     _tag_names = ["trl", "grpo", "taspo-trl", "agent"]
