@@ -224,7 +224,6 @@ class TRLStyleEnvFactory:
         self.environment_factory = environment_factory
         self.name = environment_class.__name__
         self.has_reward = callable(getattr(probe, "get_reward", None))
-        self.tool_names = tuple(tools)
         self.tool_schemas = schemas
         self.action_tag = ACTION_TAG
 
