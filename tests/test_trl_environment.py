@@ -36,7 +36,7 @@ from taspo_trl.envs.trl_style import (
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.loop import run_agent_loop
-from taspo_trl.rollout.scripted import PlannedGenerator
+from taspo_trl.testing import PlannedGenerator
 from taspo_trl.rollout.trl_rollout import make_rollout_func
 
 
