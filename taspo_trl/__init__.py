@@ -19,6 +19,7 @@ _EXPORTS = {
     "AlignOPSDTrainer": "taspo_trl.trainers.alignopsd",
     "TASPOTrainer": "taspo_trl.trainers.taspo",
     "encode_task_prompt": "taspo_trl.envs.base",
+    "as_trl_environment": "taspo_trl.envs.trl_style",
     "make_rollout_func": "taspo_trl.rollout.trl_rollout",
 }
 

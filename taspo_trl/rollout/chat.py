@@ -18,12 +18,17 @@ _ASSISTANT = "\x00TASPO_ASSISTANT\x00"
 
 
 class ChatFormat:
-    """Renders first prompts and between-turn continuations with a tokenizer's chat template."""
+    """Renders first prompts and between-turn continuations with a tokenizer's chat template.
 
-    def __init__(self, tokenizer: Any, system_prompt: str | None = None):
+    ``tools`` (JSON schemas) are rendered by the template, as ``apply_chat_template(..., tools=...)`` does, for an
+    environment whose actions are the model's own tool calls.
+    """
+
+    def __init__(self, tokenizer: Any, system_prompt: str | None = None, tools: list[dict[str, Any]] | None = None):
         require_chat_template(tokenizer, getattr(tokenizer, "name_or_path", "this model"))
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.tools = tools
         head = self._messages(_USER)
         first = self._render(head, add_generation_prompt=True)
         with_reply = self._render(head + [{"role": "assistant", "content": _ASSISTANT}], add_generation_prompt=False)
@@ -45,7 +50,9 @@ class ChatFormat:
         return messages
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def first_prompt_text(self, user_text: str) -> str:
         return f"{self._first_prefix}{user_text}{self._first_suffix}"

@@ -26,10 +26,16 @@ def make_rollout_func(
     max_turns: int | None = None,
     max_prompt_tokens: int | None = None,
     env_workers: int = 0,
+    env_step_timeout: float = 300.0,
     template: PromptTemplate | None = None,
 ) -> Callable[[list[Any], Any], dict[str, list]]:
-    """Builds ``rollout_func(prompts, trainer)`` running the batched multi-turn loop on ``env_factory``."""
-    pool = EnvPool(env_factory, num_workers=env_workers)
+    """Builds ``rollout_func(prompts, trainer)`` running the batched multi-turn loop on ``env_factory``.
+
+    With ``env_workers > 0`` the environments step in worker processes, and a worker that takes longer than
+    ``env_step_timeout`` seconds for a reset or a step is replaced: its episodes end with an environment error
+    (``AgentGRPOConfig.env_step_timeout``'s meaning). In process there is no hard timeout.
+    """
+    pool = EnvPool(env_factory, num_workers=env_workers, step_timeout=env_step_timeout)
     chats: dict[int, ChatFormat] = {}
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, list]:

@@ -40,6 +40,13 @@ from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..envs import EnvFactory, PromptTemplate, get_env_factory, task_spec_from_row
+from ..envs.trl_style import (
+    TOOL_CALL_TAG,
+    TRLStyleEnvFactory,
+    keep_prompt_column,
+    refuse_ignored_trainer_arguments,
+    tool_call_tag,
+)
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
 from ..rollout.generation import generator_for_trainer
@@ -273,6 +280,8 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
     environment's `task_spec_rows`), so the same dataset also works with TRL's `rollout_func` path.
+    TRL's `environment_factory=` is taken with TRL's meaning and played by the agent loop
+    (`taspo_trl.envs.trl_style`).
     """
 
     _tag_names = ["trl", "grpo", "taspo-trl", "agent"]
@@ -294,6 +303,13 @@ class AgentGRPOTrainer(GRPOTrainer):
             raise ValueError("Pass args=AgentGRPOConfig(...) (or TASPOConfig / AlignOPSDConfig).")
         if not isinstance(args, AgentGRPOConfig):
             raise TypeError(f"args must be an AgentGRPOConfig (or a subclass), got {type(args).__name__}.")
+        # TRL's environment_factory runs through our agent loop, wrapped into our protocol, never TRL's tool loop.
+        environment_factory = kwargs.pop("environment_factory", None)
+        refuse_ignored_trainer_arguments(kwargs, args, train_dataset, environment_factory, env_factory)
+        trl_env = TRLStyleEnvFactory(environment_factory) if environment_factory is not None else None
+        if trl_env is not None:
+            train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)
+            reward_funcs = _with_environment_reward(reward_funcs, trl_env)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs if reward_funcs is not None else [environment_reward],
@@ -303,9 +319,12 @@ class AgentGRPOTrainer(GRPOTrainer):
             processing_class=processing_class,
             **kwargs,
         )
-        self.chat = ChatFormat(self.processing_class)
+        if trl_env is not None:
+            trl_env.action_tag = tool_call_tag(self.processing_class)
+        tools = trl_env.tool_schemas if trl_env is not None and trl_env.action_tag == TOOL_CALL_TAG else None
+        self.chat = ChatFormat(self.processing_class, tools=tools)
         self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
-        self.env_factory = env_factory or get_env_factory(args.environment)
+        self.env_factory = trl_env or env_factory or get_env_factory(args.environment)
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
         self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
         self._env_error_streak = 0
@@ -749,6 +768,21 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> Any:
+    """TRL's reward sources for an ``environment_factory``: the reward functions plus, when the environment has
+    ``get_reward``, its reward (weight 1, named after the class); without ``get_reward``, reward functions are
+    required."""
+    if not trl_env.has_reward:
+        if reward_funcs is None:
+            raise ValueError(
+                f"No reward source: {trl_env.name} has no get_reward() and no reward_funcs were passed. Define "
+                "get_reward(self) -> float on the environment, or pass reward_funcs=[...]."
+            )
+        return reward_funcs
+    given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+    return given + [trl_env.reward_function()]
 
 
 @contextmanager
