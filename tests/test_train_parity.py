@@ -19,7 +19,7 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.cli import build_trainer, train_main
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.recipes import recipe_files
-from taspo_trl.rollout.scripted import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers.sampling import EpochReplaySampler
 
 TASPO_PAPER = "Reconciling Process Supervision with Outcome-Based Credit in Agentic Policy Optimization"
