@@ -184,7 +184,6 @@ class _RecordStep(TrainerCallback):
         self.steps[state.global_step] = (tasks, list(self.trainer.last_privileged_info))
 
 
-@pytest.mark.slow
 def test_resumed_run_matches_an_uninterrupted_one(tmp_path, games_dir, tiny_model_dir, monkeypatch):
     """Three TASPO steps straight through, against the same run resumed from its step-2 checkpoint (what a run
     stopped after step 2 leaves): step 3 trains on the same task with the same PI, and ends at the same weights.
