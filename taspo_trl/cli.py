@@ -87,6 +87,7 @@ def build_trainer(
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
     check_model_reference(name)
     check_output_dir(config.output_dir, config.resume_from_checkpoint, script_args.overwrite_output_dir)
+    check_hub_access(config)
     quantization = _quantization(model_args)
     # As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
     # `model_init_kwargs` win where both set a key.
@@ -143,6 +144,28 @@ def check_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwr
         )
 
 
+def check_hub_access(config: Any) -> None:
+    """With ``push_to_hub``, ask the Hub who the token belongs to before any work: otherwise a missing login or
+    an unreachable Hub surfaces only when the trainer creates the repository, after the model has loaded."""
+    if not config.push_to_hub:
+        return
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().whoami(token=config.hub_token)
+    except Exception as error:  # no token, offline mode, no network, bad token: all mean the push can't happen
+        raise ValueError(
+            f"push_to_hub needs a reachable Hugging Face Hub and a login (hf auth login, HF_TOKEN or --hub_token); "
+            f"the Hub check failed: {' '.join(str(error).split()) or type(error).__name__}. Drop --push_to_hub to "
+            "train locally (the model card is written to output_dir either way)"
+        ) from error
+
+
+def model_card_name(args: Any) -> str:
+    """The model name a card and a Hub repository get, as TRL's trainers name them at a checkpoint."""
+    return args.hub_model_id.split("/")[-1] if args.hub_model_id else Path(args.output_dir).name
+
+
 def _resume_argument(value: str | None) -> str | bool | None:
     """``resume_from_checkpoint`` for ``Trainer.train``: ``true``/``last`` resumes the latest checkpoint of
     output_dir, a path resumes that one."""
@@ -188,6 +211,10 @@ def train_main(argv: list[str] | None = None) -> None:
             trainer.close()
     trainer.save_model(trainer.args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
+    # README.md naming the method and its paper; TRL writes it only at checkpoints, and a run may save none
+    trainer.create_model_card(model_name=model_card_name(trainer.args))
+    if trainer.args.push_to_hub:
+        trainer.push_to_hub()
     print(f"[taspo-train] done; model saved to {os.path.abspath(trainer.args.output_dir)}", flush=True)
 
 

@@ -45,6 +45,7 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("model", "accelerator"), ("gather_deepspeed3_params", "gradient_checkpointing_kwargs")),
     "trl.models.prepare_deepspeed": (("model", "accelerator"), ()),
     "trl.GRPOTrainer._save_checkpoint": (("self", "model"), ("trial",)),  # the env error-rate guard saves first
+    "trl.GRPOTrainer._get_train_sampler": (("self", "dataset"), ()),  # wrapped in trainers/grpo.py (sampling.py)
 }
 
 # (class or function, method of it or of a base class, name it must reference): how TRL reaches an override, or
@@ -63,6 +64,9 @@ ROLES: list[tuple[str, str, str, str]] = [
     ("trl.GRPOTrainer", "create_model_card", "_name", "the model card names the trainer from _name"),
     ("trl.GRPOTrainer", "create_model_card", "_paper", "the model card cites the method's _paper"),
     ("trl.trainer.utils", "add_fused_lm_head", "_use_triton", "the fused LM head asks _use_triton at run time"),
+    ("trl.GRPOTrainer", "get_train_dataloader", "_get_train_sampler", "the train dataloader's sampler comes from it"),
+    ("trl.trainer.utils.RepeatSampler", "__iter__", "randperm", "a pass shuffles with one randperm (sampling.py replays it)"),
+    ("trl.trainer.utils.RepeatSampler", "__iter__", "generator", "that randperm draws from the sampler's generator"),
 ]
 
 # Private state of a GRPOTrainer instance that the trainers read or write.

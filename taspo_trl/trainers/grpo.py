@@ -54,6 +54,7 @@ from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
 from .packing import merge, micro_batch_sizes, repack
+from .sampling import EpochReplaySampler
 
 logger = logging.getLogger(__name__)
 
@@ -330,6 +331,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._env_error_streak = 0
         self._last_trajectories: list[Trajectory] = []
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
+
+    def _get_train_sampler(self, dataset: Any = None) -> EpochReplaySampler:
+        # TRL's sampler, with the per-epoch shuffle that resume_from_checkpoint needs (see sampling.py)
+        return EpochReplaySampler(super()._get_train_sampler(dataset))
 
     # ---- the credit hook -------------------------------------------------------------------------------
 
