@@ -130,9 +130,9 @@ def _play(trainer: AgentGRPOTrainer, rows: list[dict[str, Any]], plans: list) ->
     seen: dict[str, Any] = {}
     own = trainer.turn_advantages
 
-    def spy(trajectories, advantages, rows_, batch):
-        seen.update(trajectories=trajectories, advantages=advantages, rows=rows_, batch=batch)
-        seen["credit"] = own(trajectories, advantages, rows_, batch)
+    def spy(step):
+        seen.update(step=step, trajectories=step.trajectories, advantages=step.advantages)
+        seen["credit"] = own(step)
         return seen["credit"]
 
     trainer.turn_advantages = spy
@@ -185,7 +185,7 @@ def _method_credit(
     if isinstance(trainer, BaselineTrainer):
         _shared_teacher_scores(trainer, memo)
     try:
-        return trainer.turn_advantages(seen["trajectories"], seen["advantages"], seen["rows"], seen["batch"])
+        return trainer.turn_advantages(seen["step"])
     finally:
         trainer.close()
 

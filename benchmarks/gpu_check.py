@@ -161,8 +161,8 @@ def _recording(trainer_class: type) -> type:
             self.check_records.append(
                 {
                     "logprob_max_abs_diff": gap.max().item(),  # .item() waits for the GPU, before the clock stops
-                    "pi": list(getattr(self, "last_privileged_info", getattr(self, "last_skill_texts", []))),
-                    "weights": [list(w) for w in getattr(self, "last_weights", [])],
+                    "pi": list(self.last_step.privileged_info or self.last_step.skill_texts),
+                    "weights": [list(w) for w in self.last_step.weights],
                     "probe_seconds": time.perf_counter() - started,
                 }
             )

@@ -274,6 +274,6 @@ def test_training_step_survives_a_dead_retrieval_server(tmp_path, tiny_model_dir
     finally:
         trainer.close()
     assert trainer.state.global_step == 1
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     assert all(t.turns[0].observation.startswith("<information>retrieval failed") for t in trajectories)
     assert all(t.num_turns == 2 and t.error is None for t in trajectories)

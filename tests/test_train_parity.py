@@ -180,8 +180,8 @@ class _RecordStep(TrainerCallback):
         self.trainer, self.steps = trainer, {}
 
     def on_step_end(self, args, state, control, **kwargs):
-        tasks = [t.task for t in self.trainer._last_trajectories]
-        self.steps[state.global_step] = (tasks, list(self.trainer.last_privileged_info))
+        tasks = [t.task for t in self.trainer.last_step.trajectories]
+        self.steps[state.global_step] = (tasks, list(self.trainer.last_step.privileged_info))
 
 
 def test_resumed_run_matches_an_uninterrupted_one(tmp_path, games_dir, tiny_model_dir, monkeypatch):

@@ -32,6 +32,7 @@ from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
+from taspo_trl.trainers.step import StepView
 
 
 def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
@@ -170,10 +171,10 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
         return
     assert logged["alignopsd/match_rate"] > 0 and logged["alignopsd/aligned_views"] > 0
     assert torch.isfinite(torch.tensor(logged["loss"]))
-    assert all(text.startswith("[Skills]") for text in trainer.last_skill_texts)
-    trajectories = trainer._last_trajectories
+    assert all(text.startswith("[Skills]") for text in trainer.last_step.skill_texts)
+    trajectories = trainer.last_step.trajectories
     redistributed = 0
-    for trajectory, weights in zip(trajectories, trainer.last_weights):
+    for trajectory, weights in zip(trajectories, trainer.last_step.weights):
         counts = [len(turn.response_ids) for turn in trajectory.turns]
         per_token = [
             w for n, turn_w in zip(counts, weights) for w in (turn_w if isinstance(turn_w, list) else [turn_w] * n)
@@ -192,9 +193,9 @@ def _one_step_inputs(trainer, game, monkeypatch) -> tuple:
     generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6))
     seen: list = []
 
-    def capture(trajectories, advantages, rows, batch):
-        seen.append((trajectories, advantages, rows, batch))
-        return [[1.0] * t.num_turns for t in trajectories]
+    def capture(step):
+        seen.append((step.trajectories, step.advantages, step.rows, step.batch))
+        return [[1.0] * t.num_turns for t in step.trajectories]
 
     with monkeypatch.context() as patch:
         patch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
@@ -226,7 +227,7 @@ def test_rectified_gap_has_one_plain_reference(tmp_path, tiny_model_dir, pick_ga
 
     def rectified_gaps(trajectories, rows, batch) -> list:
         rectified.clear()
-        trainer.turn_weights(trajectories, advantages, rows, batch)
+        trainer.turn_weights(StepView(trajectories, advantages, rows, batch))
         return list(rectified)
 
     # The transformers backend sampled, so its log-probs are the snapshot's: what TRL would recompute.

@@ -40,9 +40,9 @@ def _rollout(trainer: BaselineTrainer, game: Path, dataset: Dataset) -> dict:
     original = trainer.turn_advantages
     seen: dict = {}
 
-    def spy(trajectories, advantages, rows, batch):
-        seen.update(trajectories=trajectories, advantages=advantages, rows=rows, batch=batch)
-        return original(trajectories, advantages, rows, batch)
+    def spy(step):
+        seen.update(step=step, trajectories=step.trajectories, advantages=step.advantages, rows=step.rows, batch=step.batch)
+        return original(step)
 
     trainer.turn_advantages = spy
     patched = grpo_module.generator_for_trainer
@@ -93,7 +93,7 @@ def _advantages_with(trainer: BaselineTrainer, seen: dict, **settings) -> list[l
     for name, value in settings.items():
         setattr(trainer.args, name, value)
     try:
-        out = trainer.turn_advantages(seen["trajectories"], seen["advantages"], seen["rows"], seen["batch"])
+        out = trainer.turn_advantages(seen["step"])
     finally:
         for name, value in saved.items():
             setattr(trainer.args, name, value)
@@ -116,7 +116,7 @@ def _direct_gaps(trainer: BaselineTrainer, seen: dict) -> list[list[torch.Tensor
     """The gap of every turn under its trajectory's last privileged context."""
     return [
         [_direct_gap(trainer, trajectory, t, context) for t in range(trajectory.num_turns)]
-        for trajectory, context in zip(seen["trajectories"], trainer.last_privileged_info, strict=True)
+        for trajectory, context in zip(seen["trajectories"], trainer.last_step.privileged_info, strict=True)
     ]
 
 
@@ -157,7 +157,7 @@ def test_batch_has_two_wins_and_skill_contexts(shared):
     assert [t.won for t in seen["trajectories"]] == [True, True, False, False]
     assert seen["advantages"].tolist() == pytest.approx([A_WIN, A_WIN, -A_WIN, -A_WIN], abs=1e-5)
     _advantages_with(trainer, seen, baseline="opsd")
-    assert all(context.startswith("[Skills]") or "- " in context for context in trainer.last_privileged_info)
+    assert all(context.startswith("[Skills]") or "- " in context for context in trainer.last_step.privileged_info)
 
 
 def test_distillation_methods_add_their_gradient_equivalent_term(shared):
@@ -236,7 +236,7 @@ def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
     got = _advantages_with(
         trainer, seen, baseline="opid", pi_source="aligned", opid_episode_weight=1.0, opid_step_weight=1.0
     )
-    episode, steps, trajectories = trainer.last_privileged_info, trainer.last_step_skills, seen["trajectories"]
+    episode, steps, trajectories = trainer.last_step.privileged_info, trainer.last_step.step_skills, seen["trajectories"]
     assert sum(map(len, steps)) >= 2 and all(len(skills) <= 5 for skills in steps)
     step_gaps = {}
     for i, (a, trajectory) in enumerate(zip(seen["advantages"].tolist(), got, strict=True)):
@@ -254,7 +254,7 @@ def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
     episode_only = _advantages_with(
         trainer, seen, baseline="opid", pi_source="aligned", opid_episode_weight=1.0, opid_max_step_skills=0
     )
-    assert trainer.last_step_skills == [{}] * len(trajectories)
+    assert trainer.last_step.step_skills == [{}] * len(trajectories)
     for (i, t), step_gap in step_gaps.items():
         assert [x - y for x, y in zip(got[i][t], episode_only[i][t])] == pytest.approx(step_gap.tolist(), abs=2e-4)
     # Well above the 2e-4 tolerance, so leaving the step term out would fail the checks above.
@@ -264,7 +264,7 @@ def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
 def test_skill_sd_teacher_sees_skills_from_the_successes_not_a_raw_sibling(shared):
     trainer, seen = shared
     got = _advantages_with(trainer, seen, baseline="skill_sd", pi_source="success_skills", distill_coef=0.1)
-    contexts = trainer.last_privileged_info
+    contexts = trainer.last_step.privileged_info
     assert all(context.startswith(PI_HEADER) and "step 1:" not in context for context in contexts)
     gaps = _direct_gaps(trainer, seen)
     for i, (a, trajectory) in enumerate(zip(seen["advantages"].tolist(), got, strict=True)):
@@ -277,7 +277,7 @@ def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, t
     trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="skill_grpo"), train_dataset=dataset)
     try:
         seen = _rollout(trainer, game, dataset)
-        got = trainer.turn_advantages(seen["trajectories"], seen["advantages"], seen["rows"], seen["batch"])
+        got = trainer.turn_advantages(seen["step"])
     finally:
         trainer.close()
     assert all("[Skills]" in turn.prompt_text for t in seen["trajectories"] for turn in t.turns)
@@ -380,9 +380,9 @@ def test_periodic_teacher_is_a_frozen_copy_refreshed_every_n_steps(tmp_path, tin
 def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     trainer, seen = shared
     trajectories, rows = seen["trajectories"], seen["rows"]
-    plain = copy.deepcopy(rows.collect(rows.logprobs))
+    plain = copy.deepcopy(rows.collect(seen["batch"]["sampling_per_token_logps"]))
     plain[(0, 1)][0] = float("nan")
-    contexts = trainer.last_privileged_info or trainer._privileged_info(trajectories)
+    contexts = trainer.last_step.privileged_info or trainer._privileged_info(trajectories)
     gaps = trainer._teacher_gaps(trajectories, trainer._turn_contexts(trajectories, contexts), plain)
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"

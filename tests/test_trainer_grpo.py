@@ -31,7 +31,7 @@ def test_recomputed_logprobs_match_sampling_logprobs(tmp_path, tiny_model_dir, l
         batch = trainer._generate_and_score_completions(rows)
     finally:
         trainer.close()
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     n_rows = 4 if layout == "sequence" else sum(t.num_turns for t in trajectories)
     assert batch["completion_ids"].size(0) >= n_rows
     input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -99,7 +99,7 @@ def test_turn_table_and_completions_log(tmp_path, tiny_model_dir):
         trainer.close()
     import json
 
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     lines = [json.loads(line) for line in (tmp_path / "out" / "turns.jsonl").read_text().splitlines()]
     assert len(lines) == sum(t.num_turns for t in trajectories)
     assert {line["task"] for line in lines} == {"find the key in one of the lockers"}

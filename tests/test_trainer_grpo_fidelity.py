@@ -97,7 +97,7 @@ def test_trainer_rows_get_one_sequence_ratio_over_their_policy_tokens(tmp_path, 
     offsets = [0.01, 0.03, 0.05, 0.07]
     try:
         trainer._generate_and_score_completions([dict(r) for r in rows_in])
-        rows = build_rows(trainer._last_trajectories, "sequence", pad_token_id=trainer._tokenizer.pad_token_id)
+        rows = build_rows(trainer.last_step.trajectories, "sequence", pad_token_id=trainer._tokenizer.pad_token_id)
         rows.logprobs = [
             [lp + d * m for lp, m in zip(lps, mask)] for lps, mask, d in zip(rows.logprobs, rows.env_mask, offsets)
         ]
@@ -214,7 +214,7 @@ def test_continuous_batching_is_left_to_trl_under_vllm(tmp_path):
 
 def _first_responses(trainer: AgentGRPOTrainer, rows: list[dict]) -> list[list[int]]:
     trainer._generate_and_score_completions([dict(r) for r in rows])
-    return [t.turns[0].response_ids for t in trainer._last_trajectories]
+    return [t.turns[0].response_ids for t in trainer.last_step.trajectories]
 
 
 def test_generation_settings_reach_transformers_generate(tmp_path, tiny_model_dir):

@@ -42,16 +42,16 @@ def test_a_trajectory_whose_environment_failed_at_reset(tmp_path, tiny_model_dir
         batch = trainer._generate_and_score_completions(inputs)
     finally:
         trainer.close()
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     assert [t.reward for t in trajectories] == [1.0, 1.0, 0.0, 0.0]  # so A_3 = -0.5 / (std + delta) < 0
     failed = trajectories[3]
     assert failed.num_turns == 0 and "simulated failure at reset" in failed.error
-    context = trainer.last_privileged_info[3] if method == "taspo" else trainer.last_skill_texts[3]
+    context = trainer.last_step.privileged_info[3] if method == "taspo" else trainer.last_step.skill_texts[3]
     assert context  # with A_3 != 0: the trajectory was eligible for rescoring
-    assert trainer.last_weights[3] == []
+    assert trainer.last_step.weights[3] == []
     # Every other trajectory keeps one weight per turn with mean one (TASPO: over turns, Eq. 1; AlignOPSD: over
     # tokens), and the batch carries finite advantages.
-    for trajectory, weights in zip(trajectories[:3], trainer.last_weights[:3]):
+    for trajectory, weights in zip(trajectories[:3], trainer.last_step.weights[:3]):
         assert len(weights) == trajectory.num_turns
         counts = [len(turn.response_ids) if method == "alignopsd" else 1 for turn in trajectory.turns]
         assert sum(w * n for w, n in zip(weights, counts)) / sum(counts) == pytest.approx(1.0, abs=1e-9)

@@ -14,6 +14,7 @@ import torch
 from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
+from trl.trainer.utils import pad
 
 import taspo_trl.trainers.grpo as grpo_module
 import taspo_trl.trainers.taspo as taspo_module
@@ -22,6 +23,7 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
 from taspo_trl.rollout.layouts import build_rows
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
+from taspo_trl.trainers.step import StepView
 
 MAX_TURNS = 6
 
@@ -44,6 +46,11 @@ def _run_step(trainer, dataset, plans, monkeypatch):
     return trainer._generate_and_score_completions([dict(dataset[0]) for _ in range(4)])
 
 
+def _sampled(rows) -> torch.Tensor:
+    """The rows' sampling log-probs as one right-padded [rows, T] tensor."""
+    return pad([torch.tensor(values) for values in rows.logprobs], padding_value=0.0, padding_side="right")
+
+
 def _walkthrough(game) -> list[str]:
     return json.loads(Path(game).read_text())["walkthrough"]
 
@@ -55,14 +62,14 @@ def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick
         batch = _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
     finally:
         trainer.close()
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
-    pi = trainer.last_privileged_info
+    pi = trainer.last_step.privileged_info
     # Successes and the failing sibling that reached the drawer get aligned PI; the one that never saw the CD
     # has nothing applicable to its own path (alignment keeps only target-supported statements).
     assert [text.startswith("[Privileged Guidance]") for text in pi] == [True, True, True, False]
     redistributed = 0
-    for trajectory, weights in zip(trajectories, trainer.last_weights):
+    for trajectory, weights in zip(trajectories, trainer.last_step.weights):
         w = torch.tensor(weights, dtype=torch.float64)
         assert len(w) == trajectory.num_turns
         assert torch.all(w >= 0.6 - 1e-12) and torch.all(w <= 1.4 + 1e-12)  # eps_w = 0.4
@@ -74,7 +81,7 @@ def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick
     assert torch.all(advantages[advantages != 0].abs() > 0)
     rewards = torch.tensor([t.reward for t in trajectories])
     expected_a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
-    for i, weights in enumerate(trainer.last_weights):
+    for i, weights in enumerate(trainer.last_step.weights):
         # Eq. 1: the turn average of A_i w_it is A_i
         assert sum(expected_a[i].item() * w for w in weights) / len(weights) == pytest.approx(expected_a[i].item(), rel=1e-5)
 
@@ -85,10 +92,10 @@ def test_privileged_shifts_match_an_independent_forward(tmp_path, tiny_model_dir
         _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
     finally:
         trainer.close()
-    trajectories, pi = trainer._last_trajectories, trainer.last_privileged_info
+    trajectories, pi = trainer.last_step.trajectories, trainer.last_step.privileged_info
     rows = build_rows(trajectories, "turn")
     shifts = privileged_token_shifts(
-        rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, rows.logprobs, trainer._tokenizer.pad_token_id
+        rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, _sampled(rows), trainer._tokenizer.pad_token_id
     )
     assert shifts
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -117,9 +124,9 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
     model.eval()  # rollouts sample in eval mode (TransformersGenerator does the same)
     seen: list = []
 
-    def capture(trajectories, advantages, rows, batch):  # the step's credit inputs; its own credit is not needed
-        seen.append((trajectories, advantages, rows))
-        return [[1.0] * t.num_turns for t in trajectories]
+    def capture(step):  # the step's credit inputs; its own credit is not needed
+        seen.append((step.trajectories, step.advantages, step.rows))
+        return [[1.0] * t.num_turns for t in step.trajectories]
 
     monkeypatch.setattr(trainer, "turn_weights", capture)
     try:
@@ -137,7 +144,7 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
 
     def shifts():
         return privileged_token_shifts(
-            rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, rows.logprobs, trainer._tokenizer.pad_token_id
+            rows, trajectories, pi, trainer.chat, trainer._snapshot_logprobs, _sampled(rows), trainer._tokenizer.pad_token_id
         )
 
     first, second = shifts(), shifts()
@@ -158,7 +165,7 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
         return recorded[-1]
 
     monkeypatch.setattr(taspo_module, "privileged_token_shifts", record)
-    trainer.turn_weights(trajectories, advantages, rows, {**batch, "old_per_token_logps": noisy})
+    trainer.turn_weights(StepView(trajectories, advantages, rows, {**batch, "old_per_token_logps": noisy}))
     assert {name: module.training for name, module in model.named_modules()} == modes
     model.eval()
     assert recorded[0]
@@ -196,7 +203,7 @@ def test_fallback_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monke
     try:
         batch_grpo = _run_step(grpo, dataset, [list(p) for p in plans], monkeypatch)
         batch_taspo = _run_step(taspo, dataset, [list(p) for p in plans], monkeypatch)
-        assert all(text == "" for text in taspo.last_privileged_info)
+        assert all(text == "" for text in taspo.last_step.privileged_info)
         for key in ("completion_ids", "advantages", "tool_mask", "num_items_in_batch"):
             assert torch.equal(batch_grpo[key], batch_taspo[key]), key
         if case == "no_pi":
@@ -227,7 +234,7 @@ def test_taspo_trains_a_step(tmp_path, tiny_model_dir, pick_game, monkeypatch, u
     assert logged["pi/coverage"] > 0 and torch.isfinite(torch.tensor(logged["loss"]))
     assert logged["taspo/fallback/redistributed"] > 0
     if unit == "token":  # action tokens carry their own weights
-        assert any(isinstance(turn, list) for traj in trainer.last_weights for turn in traj)
+        assert any(isinstance(turn, list) for traj in trainer.last_step.weights for turn in traj)
 
 
 def test_config_errors(tmp_path):

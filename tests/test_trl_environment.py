@@ -264,7 +264,7 @@ def test_agent_grpo_trains_on_a_trl_style_environment_with_tool_calls(tmp_path, 
     monkeypatch.setattr(grpo_module, "generator_for_trainer", fresh)
     row = dict(trainer.train_dataset[0])
     batch = trainer._generate_and_score_completions([dict(row) for _ in range(4)])
-    won = [t.won for t in trainer._last_trajectories]
+    won = [t.won for t in trainer.last_step.trajectories]
     assert won == [True, True, False, False]
     # Rewards 1, 1, 0, 0: mean 0.5, sample std sqrt(1/3), so a winner's tokens get A = 0.5 / (sqrt(1/3) + delta).
     first_turn = batch["advantages"][0][batch["tool_mask"][0] > 0]
@@ -285,7 +285,7 @@ def test_taspo_trains_on_alfworld_as_a_trl_style_environment(tmp_path, tiny_mode
     generator = PlannedGenerator(trainer.model, trainer.processing_class, plans)
     monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
     trainer.train()
-    trajectories = trainer._last_trajectories
+    trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     assert trajectories[0].task == _trl_rows(pick_game)[0]["prompt"]
     logged = trainer.state.log_history[0]

@@ -35,10 +35,9 @@ def privileged_prompt_ids(trajectory: Trajectory, turn: int, privileged_info: st
     ``turn`` layout: the turn's own prompt is one user message. ``sequence`` layout: the history after the
     first user message is kept token for token (the prompt ids extend the first prompt's ids)."""
     first = trajectory.turns[0]
-    plain_first = chat.first_prompt_ids(first.prompt_text)
     prompt = trajectory.turns[turn].prompt_ids
-    if prompt[: len(plain_first)] == plain_first:  # sequence layout, or the first turn
-        return chat.first_prompt_ids(privileged_user_text(privileged_info, first.prompt_text)) + prompt[len(plain_first) :]
+    if prompt[: len(first.prompt_ids)] == first.prompt_ids:  # sequence layout, or the first turn
+        return chat.first_prompt_ids(privileged_user_text(privileged_info, first.prompt_text)) + prompt[len(first.prompt_ids) :]
     return chat.first_prompt_ids(privileged_user_text(privileged_info, trajectory.turns[turn].prompt_text))
 
 
@@ -93,7 +92,7 @@ def privileged_token_shifts(
     pi_texts: Sequence[str],
     chat: ChatFormat,
     logprob_fn: LogProbFn,
-    plain_logprobs: Sequence[Sequence[float]],
+    plain_logprobs: torch.Tensor,
     pad_token_id: int,
     min_rows: int = 0,
     action_only: bool = True,
@@ -103,8 +102,8 @@ def privileged_token_shifts(
     or over the whole response with ``action_only=False`` (AlignOPSD's local gap g0).
 
     The ``rescored_rows`` are scored with P_i in their prompt; the response (and, in the ``sequence`` layout,
-    the observation) tokens are unchanged. ``plain_logprobs`` are per-token log pi_old(y | h) aligned with
-    ``rows.completion_ids``. With ``action_only``, turns whose action span is
+    the observation) tokens are unchanged. ``plain_logprobs`` are per-token log pi_old(y | h), a [rows, T] tensor
+    aligned with ``rows.completion_ids``. With ``action_only``, turns whose action span is
     empty are left out (not scorable); non-finite values are kept so the scorer can reject them.
     """
     keep = rescored_rows(rows, pi_texts)
@@ -114,14 +113,11 @@ def privileged_token_shifts(
         first_turn = next(t for t in rows.token_turn[r] if t != NOT_POLICY)  # exists: rescored_rows checked it
         pairs.append((privileged_prompt_ids(trajectories[traj], first_turn, pi_texts[traj], chat), rows.completion_ids[r]))
     privileged = score_continuations(pairs, logprob_fn, pad_token_id, min_rows, batch_size)
-    shifts_by_row = [
-        (privileged[k] - torch.as_tensor(plain_logprobs[r][: len(privileged[k])], dtype=torch.float32)).tolist()
-        for k, r in enumerate(keep)
-    ]
+    shifts_by_row = [privileged[k] - plain_logprobs[r, : len(privileged[k])].float() for k, r in enumerate(keep)]
     per_turn = rows.select(keep).collect(shifts_by_row)
     out = {}
     for (traj, turn), shifts in per_turn.items():
         start, end = trajectories[traj].turns[turn].action_span if action_only else (0, len(shifts))
         if end > start:
-            out[(traj, turn)] = torch.tensor(shifts[start:end], dtype=torch.float64)
+            out[(traj, turn)] = shifts[start:end].double()
     return out

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import torch
+
 from .records import Trajectory
 
 NOT_POLICY = -1
@@ -72,17 +74,18 @@ class Rows:
         return out
 
 
-    def collect(self, values: Sequence[Sequence[float]]) -> dict[tuple[int, int], list[float]]:
-        """The inverse of ``spread``: per-token row values (e.g. log-probs) regrouped per (trajectory, turn),
-        in response-token order. Rows may be a subset of this layout's rows (``row_index`` order)."""
-        out: dict[tuple[int, int], list[float]] = {}
+    def collect(self, values: Sequence[torch.Tensor]) -> dict[tuple[int, int], torch.Tensor]:
+        """The inverse of ``spread``: per-token row values (e.g. log-probs; one 1-D tensor per row, or a padded
+        [rows, T] tensor, with at least as many values as the row has completion tokens) regrouped per
+        (trajectory, turn), in response-token order, as 1-D tensors of ``values``' dtype."""
+        parts: dict[tuple[int, int], list[torch.Tensor]] = {}
         for traj, turns, row_values in zip(self.row_trajectory, self.token_turn, values, strict=True):
             if traj == NOT_POLICY:
                 continue
-            for turn, value in zip(turns, row_values):
-                if turn != NOT_POLICY:
-                    out.setdefault((traj, turn), []).append(float(value))
-        return out
+            turn_of_token = torch.tensor(turns)
+            for turn in dict.fromkeys(t for t in turns if t != NOT_POLICY):  # a row's turns, in order
+                parts.setdefault((traj, turn), []).append(row_values[: len(turns)][turn_of_token == turn])
+        return {key: chunks[0] if len(chunks) == 1 else torch.cat(chunks) for key, chunks in parts.items()}
 
     def select(self, keep: Sequence[int]) -> "Rows":
         """A new ``Rows`` with only the rows at indices ``keep`` (in that order)."""

@@ -51,9 +51,9 @@ from ..privileged.encoder import get_encoder
 from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.generation import generator_for_trainer
-from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .step import StepView
 
 logger = logging.getLogger(__name__)
 
@@ -133,15 +133,12 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             raise TypeError(f"AlignOPSDTrainer needs an AlignOPSDConfig, got {type(self.args).__name__}.")
         self.encoder = encoder or get_encoder(self.args.encoder_path)
         self.skill_bank = skill_bank or SkillBank.load(self.args.skill_bank, encoder=self.encoder)
-        self.last_weights: list[list[float | list[float]]] = []
-        self.last_spans: list[list[tuple[int, int]]] = []
 
-    def turn_weights(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
-    ) -> list[list[float | list[float]]]:
+    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
         """Each turn's AlignOPSD weight (per token in the token ablation): the module docstring's steps 1-5, the
-        equations (A1)-(A8) of docs/methods.md."""
+        equations (A1)-(A8) of docs/methods.md. ``last_step`` keeps the weights, spans and skills."""
         args = self.args
+        trajectories, advantages, rows = step.trajectories, step.advantages, step.rows
         local = len(trajectories)
         everything = gather_object(trajectories) if self.accelerator.num_processes > 1 else list(trajectories)
         first = self.accelerator.process_index * local
@@ -152,7 +149,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         active = active_contexts(skill_texts[first : first + local], advantages)
         # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
         # a reference that differed between the two would move the matched turns only.
-        plain_rows = self._plain_logprobs(rows, batch)
+        plain_rows = self._plain_logprobs(step.batch)
         local_gaps = privileged_token_shifts(
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
@@ -198,7 +195,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         weights = [w for w, _ in allocations]
         spans = [s for _, s in allocations]
 
-        self.last_weights, self.last_spans, self.last_skill_texts = weights, spans, skill_texts[first : first + local]
+        self.last_step.weights, self.last_step.spans = weights, spans
+        self.last_step.skill_texts = skill_texts[first : first + local]
         self._log_alignment(correspondences, spans, encoder_seconds, rescoring_seconds, aligned_views)
         return weights
 
@@ -208,7 +206,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         trajectories: list[Trajectory],
         everything: list[Trajectory],
         contexts: list[str],
-        plain_turns: dict[tuple[int, int], list[float]],
+        plain_turns: dict[tuple[int, int], torch.Tensor],
     ) -> tuple[dict[int, dict[tuple[int, int], torch.Tensor]], int]:
         """(A3) g_j of every aligned view, keyed by target trajectory, then (turn, source column), and the number of
         views. Every process scores, even nothing: the pass may be collective."""

@@ -38,9 +38,9 @@ from ..privileged.context import (
 )
 from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
-from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer, dropout_off
+from .step import StepView
 
 logger = logging.getLogger(__name__)
 
@@ -212,8 +212,6 @@ class BaselineTrainer(AgentGRPOTrainer):
         self._tag_names = [*self._tag_names, method.name]
         self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
-        self.last_privileged_info: list[str] = []
-        self.last_step_skills: list[dict[int, str]] = []
         self.teacher_model = teacher_model
         if self.teacher_model is None and self._needs_frozen_copy():
             self.teacher_model = self._load_frozen(self.args.teacher_model_name_or_path or self.model.config._name_or_path)
@@ -354,7 +352,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         self,
         trajectories: list[Trajectory],
         contexts: dict[tuple[int, int], str],
-        plain: dict[tuple[int, int], list[float]],
+        plain: dict[tuple[int, int], torch.Tensor],
         metric: str = "baseline/non_finite_gap_turns",
     ) -> dict[tuple[int, int], torch.Tensor]:
         """Delta_t = log pi_T(y_t | context + h_t) - log pi_old(y_t | h_t) of the turns ``_teacher_scores`` scores;
@@ -363,7 +361,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         are counted in ``metric``."""
         gaps, non_finite = {}, 0
         for (i, t), teacher in self._teacher_scores(trajectories, contexts).items():
-            gap = teacher.float() - torch.tensor(plain[(i, t)], dtype=torch.float32)
+            gap = teacher.float() - plain[(i, t)]
             if torch.isfinite(gap).all():
                 gaps[(i, t)] = gap
             else:  # a NaN/inf log-prob on either side leaves the turn unscored rather than poisoning the batch
@@ -375,15 +373,13 @@ class BaselineTrainer(AgentGRPOTrainer):
 
     # ---- credit --------------------------------------------------------------------------------------------
 
-    def turn_advantages(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
-    ) -> list[list[float | list[float]]]:
+    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
         """The per-turn advantages of the credit method `baseline` names (``credit.registry``)."""
         method = self.args.credit_method
         if method.teacher is None:
-            out = self._outcome_credit(method, trajectories, advantages)
+            out = self._outcome_credit(method, step.trajectories, step.advantages)
         else:
-            out = self._teacher_credit(method, trajectories, advantages, rows, batch)
+            out = self._teacher_credit(method, step)
         if method.metrics is not None:
             metrics = self._metrics["train" if self.model.training else "eval"]
             for name, value in method.metrics(self.args, self.state.global_step).items():
@@ -437,20 +433,14 @@ class BaselineTrainer(AgentGRPOTrainer):
         """The teacher's privileged context of this process's trajectories (identical on every process)."""
         return self._guidance(trajectories, self.args.credit_method).texts
 
-    def _teacher_credit(
-        self,
-        method: CreditMethod,
-        trajectories: list[Trajectory],
-        advantages: torch.Tensor,
-        rows: Rows,
-        batch: dict[str, Any],
-    ) -> list[list[float | list[float]]]:
+    def _teacher_credit(self, method: CreditMethod, step: StepView) -> list[list[float | list[float]]]:
         """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
+        trajectories, advantages = step.trajectories, step.advantages
         metrics = self._metrics["train" if self.model.training else "eval"]
         contexts, step_skills, _ = self._guidance(trajectories, method)
-        self.last_privileged_info, self.last_step_skills = contexts, step_skills
+        self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()
-        plain = rows.collect(self._plain_logprobs(rows, batch))
+        plain = step.rows.collect(self._plain_logprobs(step.batch))
         gaps = self._teacher_gaps(trajectories, self._turn_contexts(trajectories, contexts), plain)
         if gaps:
             flat = torch.cat(list(gaps.values()))
@@ -476,12 +466,12 @@ class BaselineTrainer(AgentGRPOTrainer):
             delta, mask = _stack_turns(turn_gaps, lengths)
             step_delta, step_mask = _stack_turns(turn_step_gaps, lengths)
             mask = torch.maximum(mask, step_mask)  # OPID: a turn with only one of its two gaps has 0 for the other
-            student = [plain.get((i, t), []) for t in range(trajectory.num_turns)]
+            student, _ = _stack_turns([plain.get((i, t)) for t in range(trajectory.num_turns)], lengths)
             trajectory_gaps = TeacherGaps(
                 advantage=torch.full((delta.size(0),), float(advantages[i])),
                 delta=delta,
                 mask=mask,
-                student=torch.tensor(_padded(student, delta.size(1))),
+                student=student,
                 step_delta=step_delta,
             )
             shaped = method.fn(trajectory_gaps, self.args, self.state.global_step)
@@ -489,12 +479,9 @@ class BaselineTrainer(AgentGRPOTrainer):
         return out
 
 
-def _padded(values: list[list[float]], width: int) -> list[list[float]]:
-    return [list(v) + [0.0] * (width - len(v)) for v in values]
-
-
 def _stack_turns(gaps: list[torch.Tensor | None], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[turns, T] gaps and mask; a turn without a gap (no context, empty response) is masked out entirely."""
+    """[turns, T] per-token values (gaps, log-probs) and mask; a turn without values (no context, empty response)
+    is masked out entirely."""
     width = max(lengths) if lengths else 0
     delta = torch.zeros(len(gaps), width)
     mask = torch.zeros(len(gaps), width)

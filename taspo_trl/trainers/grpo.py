@@ -55,6 +55,7 @@ from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
 from .packing import merge, micro_batch_sizes, repack
 from .sampling import EpochReplaySampler
+from .step import LastStep, StepView
 
 logger = logging.getLogger(__name__)
 
@@ -329,7 +330,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
         self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
         self._env_error_streak = 0
-        self._last_trajectories: list[Trajectory] = []
+        self.last_step = LastStep()  # the latest step's record, for inspection (notebooks, tests)
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochReplaySampler:
@@ -338,25 +339,23 @@ class AgentGRPOTrainer(GRPOTrainer):
 
     # ---- the credit hook -------------------------------------------------------------------------------
 
-    def turn_weights(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
-    ) -> list[list[float | list[float]]]:
-        """Per-turn advantage weights w_it (GRPO: 1 for every turn). Subclasses implement their method here.
+    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
+        """Per-turn advantage weights w_it of each of ``step.trajectories`` (GRPO: 1 for every turn). Subclasses
+        implement their method here.
 
-        ``rows``/``batch`` are this process's training rows and tensors (incl. ``sampling_per_token_logps`` and,
-        when TRL computed them, ``old_per_token_logps``). An entry may be a list with one weight per response
-        token (token-level allocation ablations).
+        ``step`` is this process's share of the step (``StepView``): trajectories, outcome advantages, training
+        rows and their tensors (incl. ``sampling_per_token_logps`` and, when TRL computed them,
+        ``old_per_token_logps``). An entry may be a list with one weight per response token (token-level
+        allocation ablations).
         """
-        return [[1.0] * t.num_turns for t in trajectories]
+        return [[1.0] * t.num_turns for t in step.trajectories]
 
-    def turn_advantages(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
-    ) -> list[list[float | list[float]]]:
+    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
         """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
         :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
-        weights = self.turn_weights(trajectories, advantages, rows, batch)
+        weights = self.turn_weights(step)
         self._log_weight_range(weights, "train" if self.model.training else "eval")
-        return [[_scale(w, float(advantages[i])) for w in weights[i]] for i in range(len(trajectories))]
+        return [[_scale(w, float(step.advantages[i])) for w in weights[i]] for i in range(len(step.trajectories))]
 
     # ---- one step ----------------------------------------------------------------------------------------
 
@@ -375,9 +374,10 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         return logps
 
-    def _plain_logprobs(self, rows: Rows, batch: dict[str, Any]) -> list[list[float]]:
-        """log pi_old(y | h) of every completion token of ``rows``: the ONE plain reference that every privileged,
-        aligned and teacher gap of a step subtracts.
+    def _plain_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
+        """log pi_old(y | h) of every completion token of ``batch`` (float32 on the CPU, shaped like
+        ``batch["completion_ids"]``): the ONE plain reference that every privileged, aligned and teacher gap of a
+        step subtracts.
 
         Those passes score the snapshot through :meth:`_snapshot_logprobs` (this trainer's forward, dropout off),
         so the plain side must be that same forward: any offset between two log-prob sources (vLLM against
@@ -388,14 +388,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         that ran with dropout, the rows are scored once more."""
         old = batch.get("old_per_token_logps")
         if old is not None and not _dropout_is_active(self.model):
-            return old.float().cpu().tolist()
+            return old.float().cpu()
         if old is None and not self.use_vllm:
-            return rows.logprobs
+            return batch["sampling_per_token_logps"].float().cpu()
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with torch.no_grad():
             logps = self._snapshot_logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
-        return logps.float().cpu().tolist()
+        return logps.float().cpu()
 
     def _get_per_token_logps_and_entropies(
         self,
@@ -563,7 +563,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         first = self.accelerator.process_index * len(inputs)
         for k, trajectory in enumerate(trajectories):  # group ids over the whole batch, not this process's share
             trajectory.group = (first + k) // num_generations
-        self._last_trajectories = trajectories
+        self.last_step = LastStep(trajectories=trajectories)
 
         # 2. Rewards through TRL's reward functions.
         rewards_per_func, rewards = self._trajectory_rewards(inputs, trajectories)
@@ -586,7 +586,7 @@ class AgentGRPOTrainer(GRPOTrainer):
 
         # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
-        per_turn_advantage = self.turn_advantages(trajectories, advantages, rows, batch)
+        per_turn_advantage = self.turn_advantages(StepView(trajectories, advantages, rows, batch))
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
         else:

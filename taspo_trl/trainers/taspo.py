@@ -27,9 +27,9 @@ from ..privileged.context import (
     make_analyzer,
 )
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows
-from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .step import StepView
 
 logger = logging.getLogger(__name__)
 
@@ -93,13 +93,12 @@ class TASPOTrainer(AgentGRPOTrainer):
             raise TypeError(f"TASPOTrainer needs a TASPOConfig, got {type(self.args).__name__}.")
         self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
-        self.last_privileged_info: list[str] = []
-        self.last_weights: list[list[float | list[float]]] = []
 
-    def turn_weights(
-        self, trajectories: list[Trajectory], advantages: torch.Tensor, rows: Rows, batch: dict[str, Any]
-    ) -> list[list[float | list[float]]]:
+    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
+        """TASPO's weight of each turn: Eq. 4-6 on the privileged shifts of its action, or 1 (the A.3 fallbacks).
+        ``last_step`` keeps the PI and the weights."""
         args = self.args
+        trajectories, advantages, rows = step.trajectories, step.advantages, step.rows
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
 
@@ -113,7 +112,7 @@ class TASPOTrainer(AgentGRPOTrainer):
             usable,
             self.chat,
             self._snapshot_logprobs,
-            self._plain_logprobs(rows, batch),
+            self._plain_logprobs(step.batch),
             self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(rescored_rows(rows, usable))),
             batch_size=self.rescore_batch_size,
@@ -141,7 +140,7 @@ class TASPOTrainer(AgentGRPOTrainer):
             total_turns += trajectory.num_turns
             reasons[reason or "redistributed"] += 1
 
-        self.last_privileged_info, self.last_weights = pi_texts, weights
+        self.last_step.privileged_info, self.last_step.weights = pi_texts, weights
         for reason in ("redistributed", "no_pi", "zero_advantage", "few_scorable"):
             metrics[f"taspo/fallback/{reason}"].append(reasons[reason] / max(len(trajectories), 1))
         metrics["taspo/scorable_turn_fraction"].append(scorable / max(total_turns, 1))

@@ -100,7 +100,7 @@ def step_gradients(model_dir: str, layout: str, output_dir: str | Path, trl_batc
     return {
         "gradients": recorder.gradients,
         "shapes": trainer.shapes,
-        "trajectories": trainer._last_trajectories,
+        "trajectories": trainer.last_step.trajectories,
         "logs": trainer.state.log_history[0],
         "processes": trainer.accelerator.num_processes,
         "is_main": trainer.accelerator.is_main_process,

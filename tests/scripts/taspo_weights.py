@@ -46,8 +46,8 @@ def main() -> None:
     grpo_module.generator_for_trainer = lambda _trainer, batch_size=None: generator
     trainer.model.train()
     trainer._generate_and_score_completions([dict(rows[0]) for _ in range(share)])
-    weights = gather_object([trainer.last_weights])
-    pi = gather_object([trainer.last_privileged_info])
+    weights = gather_object([trainer.last_step.weights])
+    pi = gather_object([trainer.last_step.privileged_info])
     if accelerator.is_main_process:
         flat_w = [w for part in weights for w in part]
         flat_pi = [p for part in pi for p in part]

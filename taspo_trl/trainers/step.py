@@ -1,0 +1,58 @@
+"""The two per-step records of the agent trainers: what a credit hook sees of a step (``StepView``), and what
+the trainer keeps of its latest step for inspection (``LastStep``, ``trainer.last_step``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..rollout.layouts import Rows
+from ..rollout.records import Trajectory
+
+
+@dataclass
+class StepView:
+    """This process's share of one training step, as the credit hooks (``turn_weights``, ``turn_advantages``)
+    receive it.
+
+    Attributes:
+        trajectories: the episodes played, K consecutive siblings per task group.
+        advantages: A_i of each trajectory (float32, on the CPU), this process's slice of the group-normalised
+            outcome advantages.
+        rows: the training rows laid out from ``trajectories``; ``rows.row_trajectory`` and ``rows.token_turn``
+            say which (trajectory, turn) each completion token of ``batch`` belongs to.
+        batch: the padded tensors of ``rows`` (``prompt_ids``, ``completion_ids``, their masks,
+            ``sampling_per_token_logps`` and, when TRL's loss needs them, ``old_per_token_logps`` /
+            ``ref_per_token_logps``), one row per entry of ``rows``. Per-token data stays in these tensors.
+    """
+
+    trajectories: list[Trajectory]
+    advantages: torch.Tensor
+    rows: Rows
+    batch: dict[str, Any]
+
+
+@dataclass
+class LastStep:
+    """What the trainer built in its latest step, kept for inspection (notebooks, tests); ``trainer.last_step``.
+    One entry per trajectory of this process in every list; a field the trainer's method does not produce stays
+    empty.
+
+    Attributes:
+        trajectories: the episodes of the step (every trainer).
+        privileged_info: TASPO's P_i, or a baseline teacher's privileged context; "" where there was none.
+        weights: TASPO's or AlignOPSD's weight of each turn (a list with one weight per response token where the
+            token-level ablation gave the turn its own token weights).
+        spans: AlignOPSD's credit spans of each trajectory, ``(first turn, end turn)`` pairs.
+        skill_texts: AlignOPSD's retrieved skills p_x of each trajectory's task.
+        step_skills: OPID's step skills of each trajectory, keyed by turn.
+    """
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    privileged_info: list[str] = field(default_factory=list)
+    weights: list[list[float | list[float]]] = field(default_factory=list)
+    spans: list[list[tuple[int, int]]] = field(default_factory=list)
+    skill_texts: list[str] = field(default_factory=list)
+    step_skills: list[dict[int, str]] = field(default_factory=list)
