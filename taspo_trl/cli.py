@@ -69,8 +69,8 @@ def build_trainer(
     from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from .warmstart import resolve_policy_path
     from .trainers import BaselineConfig, method_classes
+    from .warmstart import resolve_policy_path
 
     argv = resolve_config_argv(argv, "taspo-train")
     method = _method_from_argv(argv)

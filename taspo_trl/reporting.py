@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.jsonl import json_lines
+from .jsonl import json_lines
 
 __all__ = [
     "DEFAULT_CURVE_METRICS",

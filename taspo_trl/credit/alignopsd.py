@@ -73,7 +73,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Hashable, Mapping, Optional, Sequence, Union
+from typing import Hashable, Mapping, Sequence
 
 import torch
 
@@ -128,8 +128,8 @@ _WEIGHTINGS = ("proportional", "softmax")
 _PROFILES = ("softmax", "proportional")
 _ACTION_FILTERS = ("after_top_k", "before_selection")
 
-TensorLike = Union[torch.Tensor, Sequence[float]]
-MaskLike = Union[torch.Tensor, Sequence[bool]]
+TensorLike = torch.Tensor | Sequence[float]
+MaskLike = torch.Tensor | Sequence[bool]
 Span = tuple[int, int]
 
 
@@ -144,7 +144,7 @@ def _vec(values: TensorLike, name: str) -> torch.Tensor:
     return out
 
 
-def _mask(values: Optional[MaskLike], size: int, name: str) -> Optional[torch.Tensor]:
+def _mask(values: MaskLike | None, size: int, name: str) -> torch.Tensor | None:
     if values is None:
         return None
     out = torch.as_tensor(values, dtype=torch.bool)
@@ -169,7 +169,7 @@ def _check_eps(eps: float) -> float:
     return eps
 
 
-def _check_lengths(min_len: int, max_len: Optional[int]) -> None:
+def _check_lengths(min_len: int, max_len: int | None) -> None:
     if int(min_len) < 1:
         raise ValueError(f"min_len must be >= 1, got {min_len!r}")
     if max_len is not None and int(max_len) < 2 * int(min_len) - 1:
@@ -238,7 +238,7 @@ class TurnCorrespondence:
 
 def correspondence_distribution(
     similarity: TensorLike,
-    valid: Optional[MaskLike] = None,
+    valid: MaskLike | None = None,
     profile: str = "softmax",
     temperature: float = DEFAULT_PROFILE_TEMPERATURE,
 ) -> torch.Tensor:
@@ -330,13 +330,13 @@ def _rank(indices: list[int], sims: torch.Tensor) -> list[int]:
 def align_turn(
     similarity: TensorLike,
     source_rollout: Sequence[Hashable] | torch.Tensor,
-    valid: Optional[MaskLike] = None,
+    valid: MaskLike | None = None,
     *,
-    action_similarity: Optional[TensorLike] = None,
-    actions_parsed: Optional[MaskLike] = None,
-    same_operation: Optional[MaskLike] = None,
-    same_click_target: Optional[MaskLike] = None,
-    target_rollout: Optional[Hashable] = None,
+    action_similarity: TensorLike | None = None,
+    actions_parsed: MaskLike | None = None,
+    same_operation: MaskLike | None = None,
+    same_click_target: MaskLike | None = None,
+    target_rollout: Hashable | None = None,
     threshold: float = DEFAULT_SIMILARITY_THRESHOLD,
     top_k: int = DEFAULT_TOP_K,
     action_threshold: float = DEFAULT_ACTION_THRESHOLD,
@@ -413,7 +413,7 @@ def align_turn(
 
 
 def _structural_mask(
-    sims: torch.Tensor, rollouts: list[Hashable], valid: Optional[MaskLike], target_rollout: Optional[Hashable]
+    sims: torch.Tensor, rollouts: list[Hashable], valid: MaskLike | None, target_rollout: Hashable | None
 ) -> torch.Tensor:
     """Step 1 of ``align_turn``: valid, finite, and not a column of the target's own rollout."""
     structural = torch.isfinite(sims)
@@ -426,7 +426,7 @@ def _structural_mask(
 
 
 def _consistency_mask(
-    size: int, action_similarity: Optional[TensorLike], action_threshold: float, **masks: Optional[MaskLike]
+    size: int, action_similarity: TensorLike | None, action_threshold: float, **masks: MaskLike | None
 ) -> torch.Tensor:
     """Step 5 of ``align_turn``: the columns whose action agrees with the target's on every check given."""
     consistent = torch.ones(size, dtype=torch.bool)
@@ -450,7 +450,7 @@ def _best_per_sibling(eligible: torch.Tensor, sims: torch.Tensor, rollouts: list
     return _rank(list(best_per_rollout.values()), sims)[:top_k]
 
 
-def _row(matrix: Optional[torch.Tensor], t: int, shape: tuple[int, int], name: str):
+def _row(matrix: torch.Tensor | None, t: int, shape: tuple[int, int], name: str):
     if matrix is None:
         return None
     m = torch.as_tensor(matrix)
@@ -466,12 +466,12 @@ def _row(matrix: Optional[torch.Tensor], t: int, shape: tuple[int, int], name: s
 def align_trajectory(
     similarity: torch.Tensor,
     source_rollout: Sequence[Hashable] | torch.Tensor,
-    valid: Optional[torch.Tensor] = None,
+    valid: torch.Tensor | None = None,
     *,
-    action_similarity: Optional[torch.Tensor] = None,
-    actions_parsed: Optional[torch.Tensor] = None,
-    same_operation: Optional[torch.Tensor] = None,
-    same_click_target: Optional[torch.Tensor] = None,
+    action_similarity: torch.Tensor | None = None,
+    actions_parsed: torch.Tensor | None = None,
+    same_operation: torch.Tensor | None = None,
+    same_click_target: torch.Tensor | None = None,
     **kwargs,
 ) -> list[TurnCorrespondence]:
     """``align_turn`` for every target turn of one trajectory.
@@ -519,8 +519,8 @@ def token_gap(privileged_logps: TensorLike, plain_logps: TensorLike) -> torch.Te
 
 def rectified_gap(
     local_gap: TensorLike,
-    aligned_gaps: Optional[Union[torch.Tensor, Sequence[TensorLike]]] = None,
-    weights: Optional[TensorLike] = None,
+    aligned_gaps: torch.Tensor | Sequence[TensorLike] | None = None,
+    weights: TensorLike | None = None,
     quality: float = 0.0,
 ) -> torch.Tensor:
     """(A4) g~ = (1 - lambda) g0 + lambda sum_j W_j g_j (Sec. 2.2, multi-view supervision rectification).
@@ -557,9 +557,9 @@ def rectified_gap(
 
 def rectified_turn_gaps(
     correspondences: Sequence[TurnCorrespondence],
-    local_gaps: Sequence[Optional[torch.Tensor]],
-    aligned_gaps: Optional[Mapping[tuple[int, int], torch.Tensor]],
-) -> list[Optional[torch.Tensor]]:
+    local_gaps: Sequence[torch.Tensor | None],
+    aligned_gaps: Mapping[tuple[int, int], torch.Tensor] | None,
+) -> list[torch.Tensor | None]:
     """(A4) g~ of every turn of one trajectory.
 
     ``local_gaps`` holds g0 per turn (None: the turn was not scored, and stays None). ``aligned_gaps`` holds g_j
@@ -602,7 +602,7 @@ def correspondence_shift(previous: TensorLike, current: TensorLike) -> float:
     return min(max(1.0 - cos, 0.0), 1.0)
 
 
-def correspondence_shifts(distributions: Union[torch.Tensor, Sequence[TensorLike]]) -> torch.Tensor:
+def correspondence_shifts(distributions: torch.Tensor | Sequence[TensorLike]) -> torch.Tensor:
     """[D_1, ..., D_{T-1}] for one trajectory from its c_t rows (T, S); entry b is the shift into turn b + 1.
 
     A trajectory of T turns has T - 1 shifts (an empty tensor for T <= 1).
@@ -630,8 +630,8 @@ def segment_spans(
     shifts: TensorLike,
     threshold: float,
     min_len: int = 1,
-    max_len: Optional[int] = None,
-    num_turns: Optional[int] = None,
+    max_len: int | None = None,
+    num_turns: int | None = None,
 ) -> list[Span]:
     """(A5) Contiguous partition of [0, T) with boundaries where D_t > threshold, under span length limits.
 
@@ -666,7 +666,7 @@ def segment_spans(
 
     # best[p] = best score of a partition of [0, p) whose last span ends at p; score is a tuple compared
     # lexicographically: (-forced boundaries, candidate boundaries, sum of D at boundaries).
-    best: list[Optional[tuple[int, int, float]]] = [None] * (T + 1)
+    best: list[tuple[int, int, float] | None] = [None] * (T + 1)
     back = [-1] * (T + 1)
     best[0] = (0, 0, 0.0)
     for p in range(1, T + 1):
@@ -700,7 +700,7 @@ def turn_spans(num_turns: int) -> list[Span]:
     return [(t, t + 1) for t in range(int(num_turns))]
 
 
-def random_spans(num_turns: int, rng: random.Random, min_len: int = 1, max_len: Optional[int] = None) -> list[Span]:
+def random_spans(num_turns: int, rng: random.Random, min_len: int = 1, max_len: int | None = None) -> list[Span]:
     """Random contiguous spans for the random-span ablation (Table 2), within the same length limits.
 
     Left to right, each span length is drawn uniformly (``rng.choice``, a ``random.Random``) among the lengths
@@ -731,11 +731,11 @@ def allocation_spans(
     mode: str,
     num_turns: int,
     *,
-    shifts: Optional[TensorLike] = None,
-    threshold: Optional[float] = None,
-    rng: Optional[random.Random] = None,
+    shifts: TensorLike | None = None,
+    threshold: float | None = None,
+    rng: random.Random | None = None,
     min_len: int = 1,
-    max_len: Optional[int] = None,
+    max_len: int | None = None,
 ) -> list[Span]:
     """Credit units for the turn-level allocation modes (Table 2 ablations).
 
@@ -762,7 +762,7 @@ def allocation_spans(
 # Sec. 2.3: outcome-oriented evidence
 
 
-def turn_evidence(rectified: TensorLike, advantage: float | torch.Tensor, mask: Optional[MaskLike] = None) -> float:
+def turn_evidence(rectified: TensorLike, advantage: float | torch.Tensor, mask: MaskLike | None = None) -> float:
     """(A6) e_t = sign(A_i) * mean over the turn's optimised tokens of g~ (Sec. 2.3).
 
     ``rectified`` is the turn's g~ per token; ``mask`` (optional) selects the optimised tokens. Non-finite
@@ -778,7 +778,7 @@ def turn_evidence(rectified: TensorLike, advantage: float | torch.Tensor, mask: 
     return sign * float(g[keep].mean())
 
 
-def turn_evidences(rectified_per_turn: Sequence[Optional[TensorLike]], advantage: float | torch.Tensor) -> torch.Tensor:
+def turn_evidences(rectified_per_turn: Sequence[TensorLike | None], advantage: float | torch.Tensor) -> torch.Tensor:
     """``turn_evidence`` for every turn of a trajectory (None = no tokens -> 0); float64 (T,)."""
     return torch.tensor(
         [0.0 if g is None else turn_evidence(g, advantage) for g in rectified_per_turn], dtype=WEIGHT_DTYPE
@@ -786,7 +786,7 @@ def turn_evidences(rectified_per_turn: Sequence[Optional[TensorLike]], advantage
 
 
 def span_evidence(
-    evidence: TensorLike, spans: Sequence[Span], token_counts: Optional[Sequence[int] | torch.Tensor] = None
+    evidence: TensorLike, spans: Sequence[Span], token_counts: Sequence[int] | torch.Tensor | None = None
 ) -> torch.Tensor:
     """(A6) E_s = mean of e_t over the turns of span s (Sec. 2.3).
 
@@ -982,7 +982,7 @@ def alignopsd_weights(
 
 
 def alignopsd_token_weights(
-    rectified_per_turn: Sequence[Optional[TensorLike]],
+    rectified_per_turn: Sequence[TensorLike | None],
     advantage: float | torch.Tensor,
     temperature: float = DEFAULT_TEMPERATURE,
     eps: float = DEFAULT_EPS,

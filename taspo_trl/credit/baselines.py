@@ -31,7 +31,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from taspo_trl.credit.alignopsd import alignopsd_weights, turn_evidence
+from .alignopsd import alignopsd_weights, turn_evidence
 
 __all__ = [
     "GIGPO_NORMS",

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch
 
-from taspo_trl.credit.baselines import (
+from .baselines import (
     gigpo_advantages,
     opid_advantages,
     rlsd_advantages,
     rlsd_lambda,
     stepopsd_advantages,
 )
-from taspo_trl.credit.distillation import gradient_equivalent_advantages, sampled_reverse_kl, sdar_loss, skill_sd_loss
+from .distillation import gradient_equivalent_advantages, sampled_reverse_kl, sdar_loss, skill_sd_loss
 
 __all__ = [
     "CREDIT_METHODS",

@@ -27,7 +27,7 @@ this and the token-level reconstruction below with the reasons.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Sequence
 
 import torch
 
@@ -56,8 +56,8 @@ FALLBACK_REASONS = (FALLBACK_NO_PI, FALLBACK_ZERO_ADVANTAGE, FALLBACK_FEW_SCORAB
 
 WEIGHT_DTYPE = torch.float64
 
-ShiftsLike = Union[torch.Tensor, Sequence[float]]
-ScoreLike = Optional[float]
+ShiftsLike = torch.Tensor | Sequence[float]
+ScoreLike = float | None
 
 
 # --------------------------------------------------------------------------------------------------------------

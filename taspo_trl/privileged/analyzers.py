@@ -26,11 +26,10 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from taspo_trl.envs.search.env import parse_search_action
-from taspo_trl.envs.search.scoring import normalize_answer
-from taspo_trl.envs.webshop.env import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, SUB_PAGES
-from taspo_trl.envs.webshop.env import parse_action as parse_webshop_action
-
+from ..envs.search.env import parse_search_action
+from ..envs.search.scoring import normalize_answer
+from ..envs.webshop.env import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, SUB_PAGES
+from ..envs.webshop.env import parse_action as parse_webshop_action
 from .protocol import ELLIPSIS, MAX_STATEMENT_CHARS
 
 Messages = list[dict[str, str]]
@@ -238,7 +237,7 @@ class TransformersAnalyzer:
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from taspo_trl.models import resolve_model_path
+            from ..models import resolve_model_path
 
             path = resolve_model_path(str(model_or_path))
             model_or_path = AutoModelForCausalLM.from_pretrained(path)

@@ -60,7 +60,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from taspo_trl.rollout.records import Trajectory
+    from ..rollout.records import Trajectory
 
 logger = logging.getLogger(__name__)
 

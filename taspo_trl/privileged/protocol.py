@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # records pull in the rollout package (torch); only their attributes are used here
-    from taspo_trl.rollout.records import Trajectory
+    from ..rollout.records import Trajectory
 
 
 # A.2 defaults.

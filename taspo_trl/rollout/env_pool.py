@@ -14,8 +14,8 @@ import multiprocessing as mp
 import pickle
 import time
 import traceback
-from multiprocessing.connection import wait
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from typing import Any
 
 from ..envs.base import AgentEnv, EnvFactory, StepResult

@@ -7,7 +7,6 @@ runs.
 """
 
 from ..credit.registry import CREDIT_METHODS
-
 from .alignopsd import AlignOPSDConfig, AlignOPSDTrainer
 from .baselines import BASELINES, BaselineConfig, BaselineTrainer
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer, environment_reward

@@ -33,12 +33,10 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import use_adapter
-from trl.trainer.utils import pad
+from trl.trainer.utils import pad, use_adapter
 
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
-from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..envs import EnvFactory, PromptTemplate, get_env_factory, task_spec_from_row
 from ..envs.trl_style import (
     TOOL_CALL_TAG,
@@ -47,6 +45,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
+from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
 from ..rollout.generation import generator_for_trainer

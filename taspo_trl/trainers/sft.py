@@ -23,8 +23,8 @@ from typing import Any, Iterator, Sequence
 import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
-from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
 from ..envs.base import task_spec_from_row
+from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
 from ..rollout.loop import LAYOUTS
 
 

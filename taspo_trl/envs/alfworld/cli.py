@@ -17,7 +17,7 @@ from typing import Any
 
 
 def _parse_task_types(text: str) -> list[str]:
-    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
+    from .tasks import TASK_SHORT_NAMES, TASK_TYPES
 
     by_name = {**{t: t for t in TASK_TYPES}, **{s.lower(): t for t, s in TASK_SHORT_NAMES.items()}}
     chosen = []
@@ -31,8 +31,8 @@ def _parse_task_types(text: str) -> list[str]:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from taspo_trl.envs.alfworld.generator import generate_games
-    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES, TASK_TYPES
+    from .generator import generate_games
+    from .tasks import TASK_SHORT_NAMES, TASK_TYPES
 
     families = args.task_types or TASK_TYPES
     total = args.per_type * len(families)
@@ -60,9 +60,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from taspo_trl.envs.alfworld.env import ALFWorldEnv
-    from taspo_trl.envs.alfworld.generator import find_game_files
-    from taspo_trl.envs.alfworld.tasks import TASK_SHORT_NAMES
+    from .env import ALFWorldEnv
+    from .generator import find_game_files
+    from .tasks import TASK_SHORT_NAMES
 
     files = find_game_files(args.dir)
     if not files:
@@ -81,7 +81,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _play(args: argparse.Namespace) -> int:
-    from taspo_trl.envs.alfworld.env import ALFWorldEnv
+    from .env import ALFWorldEnv
 
     env = ALFWorldEnv(args.game_file, max_turns=args.max_turns)
     if not env.walkthrough:
@@ -101,7 +101,7 @@ def _play(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from taspo_trl.envs.alfworld.generator import SPLITS
+    from .generator import SPLITS
 
     parser = argparse.ArgumentParser(prog="taspo-alfworld", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -132,7 +132,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taspo-alfworld`` console script."""
-    from taspo_trl.envs.alfworld.generator import GenerationError
+    from .generator import GenerationError
 
     args = _build_parser().parse_args(argv)
     try:

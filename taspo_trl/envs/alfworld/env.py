@@ -13,9 +13,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.alfworld.engine import open_engine
-from taspo_trl.envs.alfworld.tasks import TASK_TYPES, add_task_to_grammar, describe_task
-from taspo_trl.envs.base import StepResult, encode_task_prompt
+from ..base import StepResult, encode_task_prompt
+from .engine import open_engine
+from .tasks import TASK_TYPES, add_task_to_grammar, describe_task
 
 REQUIRED_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
 TASK_LINE_PREFIX = "Your task is to: "

@@ -39,8 +39,8 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.alfworld.engine import open_engine
-from taspo_trl.envs.alfworld.tasks import (
+from .engine import open_engine
+from .tasks import (
     TASK_SHORT_NAMES,
     TASK_TYPES,
     _require_alfworld,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from taspo_trl.envs.alfworld.engine import open_engine
+from .engine import open_engine
 
 
 def _distance(state: Any) -> int | None:

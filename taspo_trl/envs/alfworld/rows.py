@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.alfworld.env import ALFWorldEnv, task_spec_rows
-from taspo_trl.envs.alfworld.generator import find_game_files, generate_games
+from .env import ALFWorldEnv, task_spec_rows
+from .generator import find_game_files, generate_games
 
 PLAYABLE_PROBES = 3
 """Games tried on the engine, in order, before a folder counts as unplayable: one load is seconds."""

@@ -6,7 +6,7 @@ this package's README for Search-R1's e5 + wiki-18 server). Task sets: the embed
 and loaders for Search-R1's NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue and Bamboogle files.
 """
 
-from taspo_trl.envs.search.data import (
+from .data import (
     EMBEDDED_DATASETS,
     SEARCH_R1_DATASETS,
     load_embedded_questions,
@@ -15,13 +15,13 @@ from taspo_trl.envs.search.data import (
     search_rows_from_settings,
     search_task_rows,
 )
-from taspo_trl.envs.search.env import (
+from .env import (
     SearchQAEnv,
     parse_search_action,
     search_env_factory,
 )
-from taspo_trl.envs.search.oracle import oracle_actions, play_oracle
-from taspo_trl.envs.search.retrieval import (
+from .oracle import oracle_actions, play_oracle
+from .retrieval import (
     BM25Retriever,
     Document,
     HttpRetriever,
@@ -29,7 +29,7 @@ from taspo_trl.envs.search.retrieval import (
     Retriever,
     get_retriever,
 )
-from taspo_trl.envs.search.scoring import exact_match, normalize_answer
+from .scoring import exact_match, normalize_answer
 
 __all__ = [
     "EMBEDDED_DATASETS",

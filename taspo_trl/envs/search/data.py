@@ -23,10 +23,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.base import encode_task_prompt
-from taspo_trl.envs.search.env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
-from taspo_trl.jsonl import read_json_objects
-from taspo_trl.envs.search.retrieval import EMBEDDED, check_retriever_spec
+from ...jsonl import read_json_objects
+from ..base import encode_task_prompt
+from .env import DEFAULT_MAX_TURNS, DEFAULT_TOPK
+from .retrieval import EMBEDDED, check_retriever_spec
 
 SINGLE_HOP = "embedded_single"
 MULTI_HOP = "embedded_multi"

@@ -15,9 +15,9 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from taspo_trl.envs.base import StepResult
-from taspo_trl.envs.search.retrieval import EMBEDDED, Document, Retriever, get_retriever
-from taspo_trl.envs.search.scoring import exact_match
+from ..base import StepResult
+from .retrieval import EMBEDDED, Document, Retriever, get_retriever
+from .scoring import exact_match
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from taspo_trl.envs.search.data import MULTI_HOP, SINGLE_HOP
+from .data import MULTI_HOP, SINGLE_HOP
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "tr", "st", "th", "sh", "gl", "vr"]
 _VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "ia"]

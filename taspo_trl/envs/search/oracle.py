@@ -11,9 +11,9 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from taspo_trl.envs.base import StepResult
-from taspo_trl.envs.search.data import load_embedded_questions
-from taspo_trl.envs.search.env import SearchQAEnv
+from ..base import StepResult
+from .data import load_embedded_questions
+from .env import SearchQAEnv
 
 _GIVE_UP = "<answer>unknown</answer>"
 

@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from taspo_trl.jsonl import read_json_objects
+from ...jsonl import read_json_objects
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +104,12 @@ class BM25Retriever:
     """
 
     def __init__(self, corpus_path: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
-        import bm25s
-
         self.corpus_path = Path(corpus_path) if corpus_path else embedded_corpus_path()
         self.documents = read_corpus(self.corpus_path)
         digest = hashlib.sha256(self.corpus_path.read_bytes()).hexdigest()[:16]
         if cache_dir is None:
             # Imported here: taspo_trl.models imports torch, which the env and server otherwise never need.
-            from taspo_trl.models import cache_root
+            from ...models import cache_root
 
             cache_dir = cache_root() / "search"
         root = Path(cache_dir)

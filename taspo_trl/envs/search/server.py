@@ -23,7 +23,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from taspo_trl.envs.search.retrieval import BM25Retriever
+from .retrieval import BM25Retriever
 
 MAX_BATCH = 4096
 MAX_TOPK = 100

@@ -19,8 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from taspo_trl.envs.base import StepResult
-
+from ..base import StepResult
 from .catalog import PRODUCT_WINDOW, Catalog
 from .reward import purchase_reward
 
