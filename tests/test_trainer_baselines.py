@@ -387,3 +387,19 @@ def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"
     assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0
+
+
+def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_model_dir, game):
+    """GiGPO's card names GiGPO and links its arXiv id (Feng et al., 2505.10978), not the DeepSeekMath id
+    (2402.03300) that TRL's GRPOTrainer cites."""
+    dataset = Dataset.from_list(task_spec_rows([game]))
+    trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="gigpo"), train_dataset=dataset)
+    try:
+        trainer.create_model_card(model_name="tiny-gigpo")
+    finally:
+        trainer.close()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "This model was trained with GiGPO, a method introduced in [Feng et al.]" in card
+    assert "huggingface.co/papers/2505.10978" in card
+    assert "2402.03300" not in card
+    assert "gigpo" in card.split("---")[1]  # the method's tag

@@ -102,6 +102,10 @@ class CreditMethod:
     """Show the task's skills in the policy's own prompt (``prompt_skill_bank`` defaults to ``skill_bank``)."""
     title: str = ""
     """Display name (model cards, logs); defaults to ``name``."""
+    paper: str = ""
+    """Who introduced the method (``"Feng et al."``), linked from the model card when ``paper_id`` is set."""
+    paper_id: str = ""
+    """arXiv id of the method's paper (``"2505.10978"``), for the model card; empty: the card cites no paper."""
     metrics: Callable[[Any, int], dict[str, float]] | None = None
     """Extra per-step metrics, ``metrics(args, step) -> {name: value}``."""
 
@@ -220,24 +224,39 @@ def _rlsd_metrics(args: Any, step: int) -> dict[str, float]:
     return {"baseline/rlsd_lambda": rlsd_lambda(step, args.rlsd_lambda, args.rlsd_decay_steps)}
 
 
-register_credit("skill_grpo", skill_grpo_credit, prompt_skills=True, title="Skill-GRPO")
-register_credit("gigpo", gigpo_credit, title="GiGPO")
+register_credit(
+    "skill_grpo", skill_grpo_credit, prompt_skills=True, title="Skill-GRPO",
+    paper="Lu et al. (reproduced with SDAR)", paper_id="2605.15155",
+)
+register_credit("gigpo", gigpo_credit, title="GiGPO", paper="Feng et al.", paper_id="2505.10978")
 register_credit(
     "opsd", opsd_credit, teacher="self", outcome=False, pi_source="generic_skill", teacher_policy="initial",
-    distill_coef=1.0, title="OPSD",
+    distill_coef=1.0, title="OPSD", paper="Zhao et al.", paper_id="2601.18734",
 )
 register_credit(
     "grpo_opsd", grpo_opsd_credit, teacher="self", pi_source="generic_skill", teacher_policy="initial",
-    distill_coef=0.1, title="GRPO+OPSD",
+    distill_coef=0.1, title="GRPO+OPSD", paper="Zhao et al. (OPSD)", paper_id="2601.18734",
 )
-register_credit("sdar", sdar_credit, teacher="self", pi_source="generic_skill", distill_coef=0.01, title="SDAR")
+register_credit(
+    "sdar", sdar_credit, teacher="self", pi_source="generic_skill", distill_coef=0.01, title="SDAR",
+    paper="Lu et al.", paper_id="2605.15155",
+)
 register_credit(
     "skill_sd", skill_sd_credit, teacher="self", pi_source="success_skills", teacher_policy="periodic",
-    distill_coef=0.1, title="Skill-SD",
+    distill_coef=0.1, title="Skill-SD", paper="Wang et al.", paper_id="2604.10674",
 )
-register_credit("opd", opd_credit, teacher="external", outcome=False, distill_coef=1.0, title="OPD")
 register_credit(
-    "rlsd", rlsd_credit, teacher="self", pi_source="generic_skill", title="RLSD", metrics=_rlsd_metrics
+    "opd", opd_credit, teacher="external", outcome=False, distill_coef=1.0, title="OPD",
+    paper="Agarwal et al. (GKD)", paper_id="2306.13649",
 )
-register_credit("opid", opid_credit, teacher="self", pi_source="aligned", step_skills=True, title="OPID")
-register_credit("stepopsd", stepopsd_credit, teacher="self", title="StepOPSD")
+register_credit(
+    "rlsd", rlsd_credit, teacher="self", pi_source="generic_skill", title="RLSD", metrics=_rlsd_metrics,
+    paper="Yang et al.", paper_id="2604.03128",
+)
+register_credit(
+    "opid", opid_credit, teacher="self", pi_source="aligned", step_skills=True, title="OPID",
+    paper="Yang, Wu et al.", paper_id="2606.26790",
+)
+register_credit(
+    "stepopsd", stepopsd_credit, teacher="self", title="StepOPSD", paper="Zhang et al.", paper_id="2605.27140"
+)

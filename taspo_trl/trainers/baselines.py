@@ -210,6 +210,8 @@ class BaselineTrainer(AgentGRPOTrainer):
         method = self.args.credit_method
         self._name = method.title
         self._tag_names = [*self._tag_names, method.name]
+        # The card links the method's own paper, not the GRPO paper inherited from TRL.
+        self._paper = {"title": method.paper, "id": method.paper_id} if method.paper_id else {}
         self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
         self.teacher_model = teacher_model
