@@ -160,18 +160,12 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
     return {"groups": {name: stats(items) for name, items in sorted(groups.items())}, "overall": stats(trajectories)}
 
 
-def _sampling_settings(args: EvalArguments) -> dict[str, Any]:
-    """``min_p``, ``repetition_penalty`` and ``generation_kwargs`` (over them), as TRL's trainer assembles them."""
-    extra = {"min_p": args.min_p, "repetition_penalty": args.repetition_penalty}
-    return {key: value for key, value in extra.items() if value is not None} | dict(args.generation_kwargs or {})
-
-
 def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
     """The transformers sampler with every decoding setting of ``args``; a ``generation_kwargs`` key that
     ``transformers.GenerationConfig`` does not know is refused here rather than by ``generate`` mid-evaluation."""
     from transformers import GenerationConfig
 
-    from .rollout.generation import TransformersGenerator
+    from .rollout.generation import TransformersGenerator, sampling_settings
 
     unknown = sorted(set(args.generation_kwargs or {}) - set(GenerationConfig().to_dict()))
     if unknown:
@@ -186,7 +180,7 @@ def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> A
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
-        generation_kwargs=_sampling_settings(args),
+        generation_kwargs=sampling_settings(args),
     )
 
 

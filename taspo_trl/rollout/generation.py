@@ -195,6 +195,14 @@ def _eos_ids(tokenizer: Any, model: Any) -> list[int]:
     return ids
 
 
+def sampling_settings(args: Any) -> dict[str, Any]:
+    """TRL's extra ``generate`` settings of a config (``min_p``, ``repetition_penalty``, ``cache_implementation``
+    where set), with its ``generation_kwargs`` applied over them, as TRL's trainer assembles them."""
+    names = ("min_p", "repetition_penalty", "cache_implementation")
+    settings = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return settings | dict(args.generation_kwargs or {})
+
+
 def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Generator:
     """The generator a ``GRPOTrainer`` would use: TRL's vLLM path when enabled, else ``transformers`` with
     sampling log-probs, on the model unwrapped for generation (DDP / DeepSpeed ZeRO-3 gathered)."""
@@ -203,13 +211,6 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
     from trl.models.utils import unwrap_model_for_generation
 
     args = trainer.args
-    # TRL's transformers generation settings; its `generation_kwargs` override the others, as in TRL.
-    extra = {
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "cache_implementation": args.cache_implementation,
-    }
-    extra = {key: value for key, value in extra.items() if value is not None} | dict(args.generation_kwargs or {})
     return TransformersGenerator(
         trainer.model,
         trainer.processing_class,
@@ -225,5 +226,5 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
             gather_deepspeed3_params=args.ds3_gather_for_generation,
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         ),
-        generation_kwargs=extra,
+        generation_kwargs=sampling_settings(args),
     )
