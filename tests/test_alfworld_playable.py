@@ -4,13 +4,15 @@ no playable game fails at once, naming the folder and the fix."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
 from test_alfworld_env import _tiny_kitchen_problem, _write_game
 
 from taspo_trl.envs.alfworld.generator import game_logic
-from taspo_trl.envs.alfworld.rows import PLAYABLE_PROBES, alfworld_rows_from_settings
+from taspo_trl.envs.alfworld.rows import PLAYABLE_PROBES, alfworld_game_files, alfworld_rows_from_settings
 
 
 def _settings(games_dir: Path, max_tasks: int | None = None) -> dict:
@@ -72,3 +74,26 @@ def test_max_tasks_limits_the_games_that_are_read(tmp_path):
     (folder / "b" / "game.tw-pddl").write_text("{")  # never read: past max_tasks
     rows = alfworld_rows_from_settings(_settings(folder, max_tasks=1), None)
     assert len(rows) == 1 and json.loads(rows[0]["prompt"])["game_file"].endswith("a/game.tw-pddl")
+
+
+def _files_in_child(folder: Path, queue) -> None:
+    queue.put([str(p) for p in alfworld_game_files(folder, 1, 0, "train")])
+
+
+def test_a_process_reading_the_folder_while_another_generates_it_gets_every_game(tmp_path):
+    """The ranks of one launch share games_dir: a rank that lists it while another rank is still generating
+    must wait for all six games, not start on the ones written so far."""
+    folder = tmp_path / "games"
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_files_in_child, args=(folder, queue))
+    child.start()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".games.staging-*")):  # the child is generating now
+        assert child.is_alive() and time.monotonic() < deadline, "the child never started generating"
+        time.sleep(0.01)
+    here = [str(p) for p in alfworld_game_files(folder, 1, 0, "train")]
+    there = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert len(here) == 6 and here == there
+    assert not list(tmp_path.glob(".games.staging-*"))  # the staging folder is gone

@@ -3,7 +3,11 @@ it holds none, checked on the engine before any work starts."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,32 @@ def alfworld_game_files(games_dir: str | Path, per_type: int, seed: int, split: 
     """The ``.tw-pddl`` files of a folder, generating ``per_type`` games per family there when it has none."""
     games_dir = Path(games_dir)
     files = find_game_files(games_dir) if games_dir.exists() else []
-    if not files:
+    return sorted(files or _generate_once(games_dir, per_type, seed, split))
+
+
+def _generate_once(games_dir: Path, per_type: int, seed: int, split: str) -> list[Path]:
+    """Generate into a staging folder next to ``games_dir`` and rename the split into place, under a lock there.
+
+    The ranks of one launch share a ``games_dir``: one generates while the others wait, and none can list the
+    folder half-written (a rank that read fewer games than the others would start with a different dataset)."""
+    games_dir.mkdir(parents=True, exist_ok=True)
+    with open(games_dir.parent / f".{games_dir.name}.generate.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if files := find_game_files(games_dir):  # another process generated them while this one waited
+            return files
         print(
             f"[taspo] no games in {games_dir}: generating {per_type} per task family (split={split}, seed={seed})",
             flush=True,
         )
-        files = generate_games(games_dir, per_type, seed, split)
-    return sorted(files)
+        staging = Path(tempfile.mkdtemp(prefix=f".{games_dir.name}.staging-", dir=games_dir.parent))
+        try:
+            generate_games(staging, per_type, seed, split)
+            # generate_games writes under <folder>/<split>/, so the split folder moves in with one rename.
+            if (staging / split).exists():
+                os.replace(staging / split, games_dir / split)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return find_game_files(games_dir)
 
 
 @functools.lru_cache(maxsize=256)
