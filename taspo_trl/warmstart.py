@@ -196,7 +196,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         per_device_train_batch_size=spec.per_device_train_batch_size,
         gradient_accumulation_steps=spec.gradient_accumulation_steps,
         max_length=None,
-        gradient_checkpointing=False,  # TRL turns it on; a 135M model fits without, and it costs a third more compute
+        activation_checkpointing=False,  # TRL turns it on; a 135M model fits without, and it costs a third more compute
         seed=spec.seed,
         demonstrations_per_task=spec.demonstrations_per_task,
         demonstration_mistake_rate=spec.mistake_rate,

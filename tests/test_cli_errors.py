@@ -47,7 +47,16 @@ def test_train_missing_model_is_one_line_without_traceback(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr
     assert lines[-1].startswith("taspo-train: error: ") and MISSING_MODEL in lines[-1]
+    assert len(lines) == 1, lines  # nothing before it, not even transformers' warning about TRL's defaults
     assert not (tmp_path / "games").exists()  # checked before any game was generated
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, checkpointing, recwarn):
+    config = AgentGRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2,
+                             gradient_checkpointing=checkpointing, use_cpu=True, report_to="none")
+    assert config.gradient_checkpointing is checkpointing and config.activation_checkpointing is checkpointing
+    assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
 
 
 def test_train_debug_shows_the_original_error(tmp_path):

@@ -154,6 +154,10 @@ class AgentGRPOConfig(GRPOConfig):
                 f"num_generations must be >= 2 (GRPO compares each task's rollouts with each other), got "
                 f"{self.num_generations}. Set num_generations: 2 or more."
             )
+        # TRL defaults the deprecated alias `gradient_checkpointing` to True, so transformers would print a
+        # FutureWarning for every config; moving the value to its new name first means the same, silently.
+        if getattr(self, "activation_checkpointing", False) is None:
+            self.activation_checkpointing = self.gradient_checkpointing
         try:
             super().__post_init__()
         except ValueError as error:
