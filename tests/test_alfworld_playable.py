@@ -89,11 +89,11 @@ def test_a_process_reading_the_folder_while_another_generates_it_gets_every_game
     child = context.Process(target=_files_in_child, args=(folder, queue))
     child.start()
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".games.staging-*")):  # the child is generating now
+    while not list(tmp_path.glob(".games.tmp-*")):  # the child is generating now
         assert child.is_alive() and time.monotonic() < deadline, "the child never started generating"
         time.sleep(0.01)
     here = [str(p) for p in alfworld_game_files(folder, 1, 0, "train")]
     there = queue.get(timeout=120)
     child.join(timeout=60)
     assert len(here) == 6 and here == there
-    assert not list(tmp_path.glob(".games.staging-*"))  # the staging folder is gone
+    assert not list(tmp_path.glob(".games.tmp-*"))  # the staging folder is gone

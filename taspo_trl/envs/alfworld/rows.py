@@ -7,11 +7,11 @@ import fcntl
 import functools
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...models import owned_temporary_dir
 from .env import ALFWorldEnv, task_spec_rows
 from .generator import find_game_files, generate_games
 
@@ -40,7 +40,7 @@ def _generate_once(games_dir: Path, per_type: int, seed: int, split: str) -> lis
             f"[taspo] no games in {games_dir}: generating {per_type} per task family (split={split}, seed={seed})",
             flush=True,
         )
-        staging = Path(tempfile.mkdtemp(prefix=f".{games_dir.name}.staging-", dir=games_dir.parent))
+        staging = owned_temporary_dir(games_dir)  # a killed generation's leftover is swept by the next one
         try:
             generate_games(staging, per_type, seed, split)
             # generate_games writes under <folder>/<split>/, so the split folder moves in with one rename.
