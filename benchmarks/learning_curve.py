@@ -94,9 +94,9 @@ SETTINGS: dict[str, Setting] = {
         ),
         isolate=False,
     ),
-    # The quickstart recipes unchanged but for the step count: a step (8 trajectories x 8 turns) takes 1-3 min
-    # on 2 cores, an evaluation of 6 games x 8 turns 1-2 min, so 2 x (6 steps + 4 evaluations) stays within an
-    # hour even at the slow end of both.
+    # The quickstart recipes unchanged but for the step count: a step (8 trajectories x up to 12 turns) takes
+    # 2-5 min on one core, an evaluation of 6 games x 12 turns (the recipes' max_turns) 2-3 min, so two runs side
+    # by side, one thread each, of 6 steps + 4 evaluations stay within an hour.
     "cpu": Setting(
         methods=("grpo", "taspo"),
         seeds=(0,),
@@ -104,7 +104,7 @@ SETTINGS: dict[str, Setting] = {
         eval_every=2,
         eval_games_per_family=1,
         eval_families=(),
-        eval_turns=8,
+        eval_turns=12,
         overrides=(),
         isolate=True,
     ),

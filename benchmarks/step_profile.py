@@ -92,9 +92,9 @@ def padded_tokens(batch: Batch) -> int:
 def bare_forward_backward(model: Any, micro_batches: list[Batch]) -> float:
     """Seconds for a plain forward + backward over ``micro_batches``: the policy-gradient surrogate on the
     completion tokens, without checkpointing, metrics or TRL's fused log-prob head."""
-    checkpointing = model.is_gradient_checkpointing
+    checkpointing = model.is_activation_checkpointing
     if checkpointing:
-        model.gradient_checkpointing_disable()
+        model.activation_checkpointing_disable()
     model.train()
     started = time.perf_counter()
     for batch in micro_batches:
@@ -109,7 +109,7 @@ def bare_forward_backward(model: Any, micro_batches: list[Batch]) -> float:
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     return seconds
 
 

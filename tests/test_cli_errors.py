@@ -18,6 +18,7 @@ import pytest
 from taspo_trl.cli import train_main
 from taspo_trl.evaluation import EvalArguments, build_generator, eval_main
 from taspo_trl.trainers.grpo import AgentGRPOConfig
+from taspo_trl.trainers.sft import AgentSFTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/no/such/folder/model"
@@ -55,6 +56,14 @@ def test_train_missing_model_is_one_line_without_traceback(tmp_path):
 def test_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, checkpointing, recwarn):
     config = AgentGRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2,
                              gradient_checkpointing=checkpointing, use_cpu=True, report_to="none")
+    assert config.gradient_checkpointing is checkpointing and config.activation_checkpointing is checkpointing
+    assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_sft_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, checkpointing, recwarn):
+    config = AgentSFTConfig(output_dir=str(tmp_path), environment="alfworld", gradient_checkpointing=checkpointing,
+                            use_cpu=True, report_to="none")
     assert config.gradient_checkpointing is checkpointing and config.activation_checkpointing is checkpointing
     assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
 

@@ -59,6 +59,15 @@ from .step import LastStep, StepView
 logger = logging.getLogger(__name__)
 
 
+def adopt_activation_checkpointing(config: Any) -> None:
+    """Move a TRL config's ``gradient_checkpointing`` to ``activation_checkpointing`` before its ``__post_init__``.
+
+    TRL defaults the deprecated alias to True, so transformers would print a FutureWarning for every config;
+    setting the new name first means the same, silently."""
+    if getattr(config, "activation_checkpointing", False) is None:
+        config.activation_checkpointing = config.gradient_checkpointing
+
+
 @dataclass
 class AgentGRPOConfig(GRPOConfig):
     r"""Configuration of [`AgentGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the agent settings below.
@@ -154,10 +163,7 @@ class AgentGRPOConfig(GRPOConfig):
                 f"num_generations must be >= 2 (GRPO compares each task's rollouts with each other), got "
                 f"{self.num_generations}. Set num_generations: 2 or more."
             )
-        # TRL defaults the deprecated alias `gradient_checkpointing` to True, so transformers would print a
-        # FutureWarning for every config; moving the value to its new name first means the same, silently.
-        if getattr(self, "activation_checkpointing", False) is None:
-            self.activation_checkpointing = self.gradient_checkpointing
+        adopt_activation_checkpointing(self)
         try:
             super().__post_init__()
         except ValueError as error:

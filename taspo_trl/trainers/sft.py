@@ -26,6 +26,7 @@ from trl import SFTConfig, SFTTrainer
 from ..envs.base import task_spec_from_row
 from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
 from ..rollout.loop import LAYOUTS
+from .grpo import adopt_activation_checkpointing
 
 
 @dataclass
@@ -78,6 +79,7 @@ class AgentSFTConfig(SFTConfig):
     completion_only_loss: bool | None = field(default=True, metadata={"help": "Loss on the responses only."})
 
     def __post_init__(self):
+        adopt_activation_checkpointing(self)
         super().__post_init__()
         if self.demonstrations_per_task < 1:
             raise ValueError(f"demonstrations_per_task must be at least 1, got {self.demonstrations_per_task}.")
