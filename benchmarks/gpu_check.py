@@ -176,7 +176,14 @@ def _run_method(method: str, mode: str, model_dir: str, encoder_dir: str | None,
     from datasets import Dataset
 
     import taspo_trl.trainers.grpo as grpo_module
-    from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
+    from taspo_trl import (
+        AgentGRPOConfig,
+        AgentGRPOTrainer,
+        AlignOPSDConfig,
+        AlignOPSDTrainer,
+        TASPOConfig,
+        TASPOTrainer,
+    )
     from taspo_trl.envs.base import encode_task_prompt
     from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 

@@ -28,6 +28,7 @@ from typing import Any
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taspo_trl.envs import get_env_factory
+from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.search import oracle_actions, search_task_rows
 from taspo_trl.envs.webshop import OraclePolicy, webshop_task_rows
 from taspo_trl.envs.webshop.env import SEARCH_COMMAND
@@ -35,7 +36,6 @@ from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.privileged import RuleBasedAnalyzer, build_batch_pi
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
-from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir

@@ -30,7 +30,6 @@ from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.testing import PlannedGenerator
 
-
 METHODS = {
     "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
     "taspo": (TASPOConfig, TASPOTrainer),

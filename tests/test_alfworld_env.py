@@ -12,13 +12,11 @@ from pathlib import Path
 
 import pytest
 
-
 from taspo_trl.envs.alfworld.engine import _require_engine
 from taspo_trl.envs.alfworld.env import ALFWorldEnv, alfworld_env_factory, task_spec_rows
 from taspo_trl.envs.alfworld.generator import game_logic, generate_games
 from taspo_trl.envs.alfworld.tasks import TASK_TYPES
-from taspo_trl.envs.base import AgentEnv
-from taspo_trl.envs.base import task_spec_from_row
+from taspo_trl.envs.base import AgentEnv, task_spec_from_row
 
 NOTHING_HAPPENS = "Nothing happens."
 

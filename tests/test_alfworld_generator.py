@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-
 from taspo_trl.envs.alfworld import generator
 from taspo_trl.envs.alfworld.cli import main as cli_main
 from taspo_trl.envs.alfworld.generator import (

@@ -3,8 +3,6 @@ goal by one; looking, checking the inventory, a command the game does not know a
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from taspo_trl.envs.alfworld.env import read_game_file

@@ -12,10 +12,10 @@ import pytest
 from taspo_trl.envs import get_env_factory, get_expert_factory
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.alfworld.generator import may_hold
+from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.search import search_task_rows
 from taspo_trl.envs.webshop import webshop_task_rows
 from taspo_trl.rollout.demonstrations import demonstration_dataset, expert_demonstrations, play_expert
-from taspo_trl.envs.base import task_spec_from_row
 
 _BLOCK = re.compile(r"^<think>(?P<thought>.+)</think> (?P<block><(?P<tag>action|search|answer)>(?P<action>.*)</(?P=tag)>)$", re.S)
 

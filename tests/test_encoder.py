@@ -20,7 +20,6 @@ from taspo_trl.privileged.encoder import (
     get_encoder,
 )
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -21,6 +21,7 @@ from taspo_trl.privileged.analyzers import (
     reasoning_request_fields,
 )
 from taspo_trl.privileged.builder import build_group_pi
+from taspo_trl.privileged.context import make_analyzer
 from taspo_trl.privileged.protocol import (
     PI_HEADER,
     alignment_messages,
@@ -36,7 +37,6 @@ from taspo_trl.privileged.protocol import (
     validate_step_skills,
 )
 from taspo_trl.rollout.records import Trajectory
-from taspo_trl.privileged.context import make_analyzer
 from taspo_trl.trainers.taspo import TASPOConfig
 
 MESSAGES = [{"role": "user", "content": "hello"}]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from taspo_trl.script_args import resolve_config_argv
 from taspo_trl.recipes import copy_recipe, find_recipe, main, recipe_files
+from taspo_trl.script_args import resolve_config_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKOUT = ROOT / "recipes"  # the checkout's paths, as the README and older commands use them

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taspo_trl.envs import get_env_factory
-from taspo_trl.envs.base import AgentEnv
+from taspo_trl.envs.base import AgentEnv, task_spec_from_row
 from taspo_trl.envs.search import (
     BM25Retriever,
     Document,
@@ -30,7 +30,6 @@ from taspo_trl.envs.search import (
 from taspo_trl.envs.search.data import embedded_data_dir
 from taspo_trl.envs.search.env import MAX_QUERY_CHARS
 from taspo_trl.envs.search.generator import write_embedded_data
-from taspo_trl.envs.base import task_spec_from_row
 
 
 @pytest.fixture(scope="module")

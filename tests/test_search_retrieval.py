@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.search import (
     BM25Retriever,
     HttpRetriever,
@@ -26,7 +27,6 @@ from taspo_trl.envs.search import (
     search_task_rows,
 )
 from taspo_trl.envs.search.server import RetrievalHTTPServer
-from taspo_trl.envs.base import task_spec_from_row
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrain
 from taspo_trl.envs import encode_task_prompt, task_spec_from_row
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.trl_style import (
-    PROMPT_COLUMN,
     ToolCall,
     ToolCallError,
     TRLStyleEnvFactory,
@@ -36,9 +35,8 @@ from taspo_trl.envs.trl_style import (
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.loop import run_agent_loop
-from taspo_trl.testing import PlannedGenerator
 from taspo_trl.rollout.trl_rollout import make_rollout_func
-
+from taspo_trl.testing import PlannedGenerator
 
 # ---- a small environment as a TRL user writes one ---------------------------------------------------------
 

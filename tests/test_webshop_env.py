@@ -473,9 +473,9 @@ def test_server_failures_end_the_episode_without_raising(official_url):
 def test_agent_loop_plays_webshop(embedded_tokenizer):
     from toy_envs import ScriptedGenerator
 
+    from taspo_trl.envs.base import task_spec_from_row
     from taspo_trl.rollout.chat import ChatFormat
     from taspo_trl.rollout.env_pool import EnvPool
-    from taspo_trl.envs.base import task_spec_from_row
     from taspo_trl.rollout.loop import run_agent_loop
 
     row = webshop_task_rows(split="eval", max_tasks=3)[2]

@@ -28,11 +28,12 @@ from trl import GRPOTrainer
 # working directory of the launch.
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-import taspo_trl.trainers.grpo as grpo_module  # noqa: E402
 from cpu_config import cpu_trainer_kwargs  # noqa: E402
+from toy_envs import locker_factory  # noqa: E402
+
+import taspo_trl.trainers.grpo as grpo_module  # noqa: E402
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt  # noqa: E402
 from taspo_trl.testing import PlannedGenerator  # noqa: E402
-from toy_envs import locker_factory  # noqa: E402
 
 WIN_NOW = ["open locker 1"]
 WIN_LATE = ["open locker 2", "open locker 1"]
