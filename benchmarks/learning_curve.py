@@ -95,7 +95,7 @@ SETTINGS: dict[str, Setting] = {
         isolate=False,
     ),
     # The quickstart recipes unchanged but for the step count. On one thread a step (8 trajectories x up to 12
-    # turns) took 4-10 min and an evaluation of 6 games x 12 turns (the recipes' max_turns) 3-5 min, so a run of
+    # turns) took 4-11 min and an evaluation of 6 games x 12 turns (the recipes' max_turns) 3-5 min, so a run of
     # 6 steps + 4 evaluations took 53-68 min with a third job on the 2 cores (README, "Learning curves").
     "cpu": Setting(
         methods=("grpo", "taspo"),

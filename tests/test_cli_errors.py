@@ -52,18 +52,18 @@ def test_train_missing_model_is_one_line_without_traceback(tmp_path):
     assert not (tmp_path / "games").exists()  # checked before any game was generated
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, checkpointing, recwarn):
-    config = AgentGRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=2,
-                             gradient_checkpointing=checkpointing, use_cpu=True, report_to="none")
-    assert config.gradient_checkpointing is checkpointing and config.activation_checkpointing is checkpointing
-    assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
+CONFIG_ARGS = {
+    AgentGRPOConfig: {"num_generations": 2, "per_device_train_batch_size": 2},
+    AgentSFTConfig: {"environment": "alfworld"},
+}
 
 
+@pytest.mark.parametrize("config_class", list(CONFIG_ARGS), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_sft_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, checkpointing, recwarn):
-    config = AgentSFTConfig(output_dir=str(tmp_path), environment="alfworld", gradient_checkpointing=checkpointing,
-                            use_cpu=True, report_to="none")
+def test_config_keeps_gradient_checkpointing_without_the_deprecation_warning(tmp_path, config_class, checkpointing,
+                                                                               recwarn):
+    config = config_class(output_dir=str(tmp_path), gradient_checkpointing=checkpointing, use_cpu=True,
+                          report_to="none", **CONFIG_ARGS[config_class])
     assert config.gradient_checkpointing is checkpointing and config.activation_checkpointing is checkpointing
     assert not [w for w in recwarn if "gradient_checkpointing" in str(w.message)]
 
