@@ -64,8 +64,21 @@ class WarmStart:
     """Expert episodes per game (``AgentSFTConfig.demonstrations_per_task``)."""
     mistake_rate: float = 0.0
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
+    wander_rate: float = 0.0
+    """Per-turn probability of an injected random command (``AgentSFTConfig.demonstration_wander_rate``)."""
     frozen_layers: int = 0
     """Lowest decoder layers kept fixed, with the embeddings (``AgentSFTConfig.frozen_layers``)."""
+    relabel_episodes_per_task: int = 0
+    """DAgger: sampled episodes per game of the SFT policy, whose expert corrections train a second round
+    (``taspo_trl.trainers.sft.relabelled_sft_dataset``); 0 = no second round."""
+    relabel_max_turns: int = 12
+    """Turn cap of those episodes (the quickstarts' ``max_turns``)."""
+    relabel_max_new_tokens: int = 48
+    """Response length of those episodes (the quickstarts' ``max_completion_length``)."""
+    relabel_epochs: float = 1.0
+    """Epochs of the second round over the demonstrations and the corrections together."""
+    relabel_learning_rate: float = 1e-4
+    """Peak learning rate of the second round."""
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -170,27 +183,27 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
 
 
 def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
-    """SFT of ``spec.base_model`` on the expert's demonstrations; saves model and tokenizer to ``out_dir`` and
-    returns the number of demonstration turns."""
+    """SFT of ``spec.base_model`` on the expert's demonstrations, then, with ``spec.relabel_episodes_per_task``,
+    a DAgger round on the expert's corrections of the SFT policy's own episodes; saves model and tokenizer to
+    ``out_dir`` and returns the number of training rows (demonstration turns and corrections)."""
     import torch
+    from datasets import concatenate_datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .envs.alfworld import generate_games, task_spec_rows
     from .models import prepare_tokenizer
-    from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
+    from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset, relabelled_sft_dataset
 
     base = resolve_model_path(spec.base_model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base))
     tokenizer.padding_side = "right"  # training pads on the right; generation sets its own side
     task_types = list(spec.task_types) if spec.task_types else None
     files = generate_games(games_dir, spec.games_per_type, spec.games_seed, "train", task_types=task_types)
-    config = AgentSFTConfig(
+    settings = dict(
         output_dir=str(out_dir.parent / "sft"),
         environment=spec.environment,
         layout=spec.layout,
         history_window=spec.history_window,
-        num_train_epochs=spec.num_train_epochs,
-        learning_rate=spec.learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=0.1,
         per_device_train_batch_size=spec.per_device_train_batch_size,
@@ -200,6 +213,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         seed=spec.seed,
         demonstrations_per_task=spec.demonstrations_per_task,
         demonstration_mistake_rate=spec.mistake_rate,
+        demonstration_wander_rate=spec.wander_rate,
         frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
@@ -207,11 +221,26 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         save_strategy="no",
         report_to="none",
     )
-    dataset = demonstration_sft_dataset(task_spec_rows(files), tokenizer, config)
+    config = AgentSFTConfig(**settings, num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
+    rows = task_spec_rows(files)
+    dataset = demonstration_sft_dataset(rows, tokenizer, config)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
+    examples = len(dataset)
+    if spec.relabel_episodes_per_task:
+        print(f"taspo_trl: DAgger round: {spec.relabel_episodes_per_task} sampled episodes per game, relabelled by the "
+              "expert", file=sys.stderr, flush=True)
+        corrections = relabelled_sft_dataset(
+            trainer.model, tokenizer, rows, config, episodes_per_task=spec.relabel_episodes_per_task,
+            max_turns=spec.relabel_max_turns, max_new_tokens=spec.relabel_max_new_tokens, seed=spec.seed,
+        )
+        second = AgentSFTConfig(**settings, num_train_epochs=spec.relabel_epochs, learning_rate=spec.relabel_learning_rate)
+        combined = concatenate_datasets([dataset, corrections]).shuffle(seed=spec.seed)
+        trainer = AgentSFTTrainer(model=trainer.model, args=second, train_dataset=combined, processing_class=tokenizer)
+        trainer.train()
+        examples += len(corrections)
     tokenizer.padding_side = "left"
     trainer.model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return len(dataset)
+    return examples

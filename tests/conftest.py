@@ -6,10 +6,19 @@ load it from there in well under a second.
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
-from taspo_trl.testing import make_tiny_model_dir
+# The default run spreads the tests over two pytest-xdist workers (setup.cfg), one per core. Each worker and
+# every process a test starts then gets one OpenMP thread: two threads per worker would oversubscribe the
+# cores, where OpenMP threads spin instead of working.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+
+from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path  # noqa: E402
+from taspo_trl.testing import make_tiny_model_dir  # noqa: E402
 
 
 @pytest.fixture(scope="session")

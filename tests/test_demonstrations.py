@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from taspo_trl.envs import get_env_factory, get_expert_factory
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
@@ -15,7 +18,12 @@ from taspo_trl.envs.alfworld.generator import may_hold
 from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.search import search_task_rows
 from taspo_trl.envs.webshop import webshop_task_rows
-from taspo_trl.rollout.demonstrations import demonstration_dataset, expert_demonstrations, play_expert
+from taspo_trl.rollout.demonstrations import (
+    demonstration_dataset,
+    expert_demonstrations,
+    play_expert,
+    relabelled_dataset,
+)
 
 _BLOCK = re.compile(r"^<think>(?P<thought>.+)</think> (?P<block><(?P<tag>action|search|answer)>(?P<action>.*)</(?P=tag)>)$", re.S)
 
@@ -191,3 +199,87 @@ def test_injected_mistakes_are_recovered_from_and_not_trained_on(alfworld_specs,
             assert after.response_text in completions
             assert after.prompt_text in prompts and mistake.observation in after.prompt_text
             assert mistake.prompt_text not in prompts  # nor is the mistake's own turn a training example
+
+
+def _finish_with_expert(spec: dict, first: Callable[[int, list[str]], str | None], rng: random.Random):
+    """Plays ``first(turn, admissible)`` while it gives a command, with the expert following along (asked every
+    turn, as relabelling asks it), then the expert alone; returns the episode's (commands, won)."""
+    env = get_env_factory("alfworld")(dict(spec))
+    try:
+        observation = env.reset()
+        expert = get_expert_factory("alfworld")(spec, env)
+        commands = []
+        for turn in range(50):
+            admissible = list(env.admissible_commands)
+            _, suggested = expert(observation, admissible, rng)
+            command = first(turn, admissible) or suggested
+            result = env.step(command)
+            expert.observe(command, admissible)
+            commands.append(command)
+            observation = result.observation
+            if result.done:
+                return commands, bool(result.info["won"])
+        return commands, False
+    finally:
+        env.close()
+
+
+@settings(max_examples=18, deadline=None, derandomize=True)
+@given(game=st.integers(0, 5), prefix_length=st.integers(1, 8), seed=st.integers(0, 10_000))
+def test_the_alfworld_expert_recovers_from_any_random_start(alfworld_specs, game, prefix_length, seed):
+    """Whatever an agent did first (walked anywhere, took the wrong thing, put the right one down elsewhere, closed
+    what it opened), the expert that followed along finishes the task from there: what relabelling relies on."""
+    rng = random.Random(seed)
+    commands, won = _finish_with_expert(
+        alfworld_specs[game], lambda turn, admissible: rng.choice(admissible) if turn < prefix_length else None, rng
+    )
+    assert won, commands
+
+
+def test_relabelling_corrects_every_injected_mistake(alfworld_specs, embedded_tokenizer):
+    """Relabelling episodes with injected mistakes (repeats the game answers with "Nothing happens.") gives a row
+    at every mistake, with the mistake's own prompt and a different command, from which the expert wins; the
+    other rows are places where the relabelling expert chose another search than the demonstrating one."""
+    demonstrations = expert_demonstrations(
+        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, mistake_rate=0.4, seed=1
+    )
+    rows = relabelled_dataset([d.trajectory for d in demonstrations], environment="alfworld", seed=5)
+    assert set(rows.column_names) == {"prompt", "completion", "task_type", "turn"}
+    by_prompt = {row["prompt"][0]["content"]: row for row in rows}
+    for trajectory, mistakes in demonstrations:
+        for t in mistakes:
+            row = by_prompt[trajectory.turns[t].prompt_text]
+            assert row["turn"] == t and row["prompt"] == [{"role": "user", "content": trajectory.turns[t].prompt_text}]
+            correction = _BLOCK.match(row["completion"][0]["content"])["action"]
+            assert correction != trajectory.turns[t].action
+            # From the mistake's state, the correction and then the expert alone win the game.
+            plan = [turn.action for turn in trajectory.turns[:t]] + [correction]
+            commands, won = _finish_with_expert(
+                trajectory.task_spec, lambda turn, _: plan[turn] if turn < len(plan) else None, random.Random(0)
+            )
+            assert won, (trajectory.task, commands)
+    assert sum(len(d.mistakes) for d in demonstrations) <= len(rows)
+
+
+def test_relabelling_needs_an_expert_that_can_follow(embedded_tokenizer):
+    rows = search_task_rows(split="train", max_tasks=1)
+    specs = [task_spec_from_row(row) for row in rows]
+    demonstrations = expert_demonstrations(specs, embedded_tokenizer, environment="search", history_window=1)
+    with pytest.raises(ValueError, match="observe"):
+        relabelled_dataset([d.trajectory for d in demonstrations], environment="search")
+
+
+def test_random_commands_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):
+    """With wander_rate, episodes also play random admissible commands (wrong places, wrong objects); the expert
+    follows them and still wins every game, and no random command becomes a training row."""
+    demonstrations = expert_demonstrations(
+        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, wander_rate=0.3, seed=2
+    )
+    assert len(demonstrations) == len(alfworld_specs)
+    assert sum(len(d.mistakes) for d in demonstrations) >= 6
+    dataset = demonstration_dataset(demonstrations, "turn")
+    assert len(dataset) == sum(len(d.trajectory.turns) - len(d.mistakes) for d in demonstrations)
+    completions = {row["completion"][0]["content"] for row in dataset}
+    for trajectory, mistakes in demonstrations:
+        assert _replay_wins("alfworld", trajectory.task_spec, _actions(trajectory, multi_tag=False))
+        assert all(trajectory.turns[t].response_text not in completions for t in mistakes)

@@ -45,6 +45,7 @@ def test_two_processes_give_the_same_weights_as_one(tmp_path, tiny_model_dir):
     assert any(w != 1.0 for traj in one["weights"] for w in traj)
 
 
+@pytest.mark.slow  # about a minute; the test above and test_trainer_packing.py run two processes by default
 def test_two_process_quickstart_recipe_trains_and_evaluates(tmp_path, tiny_model_dir):
     """The shipped 2-process CPU accelerate config runs a quickstart recipe; taspo-eval then scores the result."""
     root = Path(__file__).resolve().parent.parent

@@ -52,6 +52,20 @@ def test_built_once_then_reused_then_rebuilt_when_a_setting_changes(tiny_warm_st
     assert second["fingerprint"]["settings"]["learning_rate"] == 2e-3 != first["fingerprint"]["settings"]["learning_rate"]
 
 
+def test_a_dagger_round_adds_one_correction_per_turn_of_a_policy_without_valid_actions(tiny_warm_start, monkeypatch):
+    """The tiny random model writes no valid action, so in each of its sampled episodes the expert corrects every
+    turn: 2 episodes of 3 turns add 6 rows to the demonstrations, and the second round changes the weights."""
+    plain_path = resolve_model_path(NAME)
+    plain = _record(plain_path)["examples"]
+    plain_weights = [p.detach().clone() for p in AutoModelForCausalLM.from_pretrained(plain_path).parameters()]
+    dagger = replace(tiny_warm_start, relabel_episodes_per_task=2, relabel_max_turns=3, relabel_max_new_tokens=8)
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, dagger)
+    path = resolve_model_path(NAME)
+    assert _record(path)["examples"] == plain + 6
+    trained = AutoModelForCausalLM.from_pretrained(path)
+    assert any((a - b).abs().max() > 0 for a, b in zip(trained.parameters(), plain_weights))
+
+
 def test_a_failed_build_leaves_nothing_behind(tiny_warm_start, monkeypatch, tmp_path):
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(tiny_warm_start, base_model=str(tmp_path / "missing")))
     with pytest.raises(OSError):

@@ -12,6 +12,11 @@ the ``turn`` layout the prompt is that turn's single user message; in the ``sequ
 conversation so far (earlier responses included). ``SFTTrainer`` with ``completion_only_loss`` then trains on
 the responses alone.
 
+``relabelled_dataset`` is the DAgger step (Ross et al., 2011): the policy's own episodes are replayed through
+the environment with the expert following along (``observe``), and every state where the policy did something
+else than the expert would have gets a row with the expert's response. These are the states a policy trained on
+the expert's episodes alone reaches by its own mistakes and has never seen a demonstration of.
+
 A policy that has only seen flawless episodes does not know what to do after its own mistake, and tends to
 repeat it. ``mistake_rate`` therefore lets the expert's episodes contain injected mistakes (a repeated command);
 the dataset keeps the expert's recoveries from them and drops the mistakes themselves.
@@ -55,13 +60,17 @@ class ExpertEpisode(NamedTuple):
 
 def play_expert(
     spec: Mapping[str, Any], env_factory: EnvFactory, expert_factory: ExpertFactory, rng: random.Random,
-    max_turns: int | None = None, mistake_rate: float = 0.0,
+    max_turns: int | None = None, mistake_rate: float = 0.0, wander_rate: float = 0.0,
 ) -> ExpertEpisode:
     """One expert episode of ``spec``.
 
     With ``mistake_rate`` > 0, after any turn but the first the previous response is sent again with that
     probability (never twice in a row) and the expert is not asked: the policy's commonest failure, repeating a
     command the game answers with "Nothing happens.". The expert then recovers from the state the repeat left.
+
+    With ``wander_rate`` > 0, a turn that is not a repeat plays a random admissible command with that probability
+    (never twice in a row): a wrong object taken, a wrong place visited, the object put down elsewhere. The
+    expert follows it (``observe``; the ALFWorld expert has it) and recovers. Both kinds count as mistakes.
     """
     env = env_factory(dict(spec))
     try:
@@ -72,16 +81,27 @@ def play_expert(
         responses: list[str] = []
         actions: list[str] = []
         mistakes: set[int] = set()
+        if wander_rate > 0 and not hasattr(expert, "observe"):
+            raise ValueError(f"wander_rate needs an expert that follows others' commands (observe); "
+                             f"{type(expert).__name__} has none. Use mistake_rate instead.")
         for turn in range(limit):
             if turn > 0 and turn - 1 not in mistakes and mistake_rate > 0 and rng.random() < mistake_rate:
                 mistakes.add(turn)
                 responses.append(responses[-1])
                 actions.append(actions[-1])
+            elif turn - 1 not in mistakes and wander_rate > 0 and rng.random() < wander_rate:
+                mistakes.add(turn)
+                action = rng.choice(list(env.admissible_commands))
+                responses.append(expert_response("Trying something.", action, tags))
+                actions.append(action)
             else:
                 thought, action = expert(observation, env.admissible_commands, rng)
                 responses.append(expert_response(thought, action, tags))
                 actions.append(action)
+            admissible = list(env.admissible_commands or [])
             result = env.step(actions[-1])
+            if hasattr(expert, "observe"):
+                expert.observe(actions[-1], admissible)
             observation = result.observation
             if result.done:
                 return ExpertEpisode(responses, bool(result.info.get("won", False)), frozenset(mistakes))
@@ -129,6 +149,7 @@ def expert_demonstrations(
     max_prompt_tokens: int | None = None,
     seed: int = 0,
     mistake_rate: float = 0.0,
+    wander_rate: float = 0.0,
 ) -> list[Demonstration]:
     """Winning expert trajectories of ``specs``, recorded by the real agent loop (prompt and response ids and
     texts per turn), in input order, each with its injected mistakes; tasks the expert does not win are left
@@ -143,6 +164,8 @@ def expert_demonstrations(
         seed: picks the thoughts' wordings (and the expert's other random choices).
         mistake_rate: per-turn probability of an injected repeat of the previous command (see ``play_expert``).
             ``demonstration_dataset`` trains on the recoveries from those turns, never on the mistakes.
+        wander_rate: per-turn probability of an injected random admissible command (see ``play_expert``),
+            treated like a mistake.
     """
     if env_factory is None or expert_factory is None:
         if environment is None:
@@ -150,7 +173,7 @@ def expert_demonstrations(
         env_factory = env_factory or get_env_factory(environment)
         expert_factory = expert_factory or get_expert_factory(environment)
     rng = random.Random(seed)
-    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate) for spec in specs]
+    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate) for spec in specs]
     kept = [i for i, episode in enumerate(played) if episode.won]
     for i in sorted(set(range(len(specs))) - set(kept)):
         logger.warning("the expert did not win task %d (%s) within the turn limit; no demonstration for it",
@@ -205,3 +228,77 @@ def demonstration_dataset(demonstrations: Sequence[Demonstration], layout: str =
                 })
             conversation = [*prompt, reply]
     return Dataset.from_list(rows)
+
+
+def relabelled_dataset(
+    trajectories: Sequence[Trajectory],
+    *,
+    environment: str | None = None,
+    env_factory: EnvFactory | None = None,
+    expert_factory: ExpertFactory | None = None,
+    layout: str = "turn",
+    seed: int = 0,
+) -> Any:
+    """The expert's corrections of the policy's own episodes, as ``demonstration_dataset`` rows.
+
+    Each trajectory (recorded by ``run_agent_loop`` in ``layout``) is replayed command by command in a fresh
+    environment while its expert follows along; at every turn the expert says what it would do from that state,
+    and a turn where the policy's command differs (or was not a valid action) becomes a row: the policy's prompt,
+    the expert's response. A trajectory stops giving rows where the environment answers differently than during
+    the rollout, or where the expert cannot go on (it logs why). The expert needs an ``observe(command,
+    admissible)`` method (the ALFWorld expert has one); an ``agrees(command, suggested)`` method, if it has one,
+    accepts commands as good as its own (ALFWorld: searching another plausible receptacle), which then get no row.
+    """
+    from datasets import Dataset
+
+    if env_factory is None or expert_factory is None:
+        if environment is None:
+            raise ValueError("Pass environment= (a registered name) or both env_factory= and expert_factory=.")
+        env_factory = env_factory or get_env_factory(environment)
+        expert_factory = expert_factory or get_expert_factory(environment)
+    rng = random.Random(seed)
+    rows = []
+    for k, trajectory in enumerate(trajectories):
+        if trajectory.error is not None:
+            continue
+        env = env_factory(dict(trajectory.task_spec))
+        try:
+            observation = env.reset()
+            expert = expert_factory(trajectory.task_spec, env)
+            if not hasattr(expert, "observe"):
+                raise ValueError(f"{type(expert).__name__} has no observe(command, admissible) method, so it cannot "
+                                 "follow a policy's episode; relabelling needs one.")
+            tags = tuple(getattr(env, "action_tags", None) or (env.action_tag,))
+            agrees = getattr(expert, "agrees", None) or _same_command
+            conversation: list[dict[str, str]] = []
+            for t, turn in enumerate(trajectory.turns):
+                admissible = list(env.admissible_commands or [])
+                try:
+                    thought, action = expert(observation, admissible, rng)
+                except ValueError as error:
+                    logger.info("relabelling trajectory %d stops at turn %d: %s", k, t, error)
+                    break
+                user = {"role": "user", "content": turn.prompt_text}
+                prompt = [user] if layout == "turn" else [*conversation, user]
+                played = turn.action if turn.action_valid else ""
+                if not agrees(played, action):
+                    reply = {"role": "assistant", "content": expert_response(thought, action, tags)}
+                    task_type = trajectory.task_type or ""
+                    rows.append({"prompt": prompt, "completion": [reply], "task_type": task_type, "turn": t})
+                conversation = [*prompt, {"role": "assistant", "content": turn.response_text}]
+                result = env.step(played)
+                expert.observe(played, admissible)
+                if result.observation != turn.observation:
+                    logger.warning("relabelling trajectory %d stops at turn %d: the environment answered differently "
+                                   "than during the rollout (is it deterministic?)", k, t)
+                    break
+                observation = result.observation
+        finally:
+            env.close()
+    return Dataset.from_list(rows) if rows else Dataset.from_dict(
+        {"prompt": [], "completion": [], "task_type": [], "turn": []}
+    )
+
+
+def _same_command(command: str, suggested: str) -> bool:
+    return " ".join(command.split()).lower() == " ".join(suggested.split()).lower()

@@ -23,9 +23,13 @@ from typing import Any, Iterator, Sequence
 import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
-from ..envs.base import task_spec_from_row
-from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations
-from ..rollout.loop import LAYOUTS
+from ..envs import get_env_factory
+from ..envs.base import PromptTemplate, task_spec_from_row
+from ..rollout.chat import ChatFormat
+from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations, relabelled_dataset
+from ..rollout.env_pool import EnvPool
+from ..rollout.generation import TransformersGenerator
+from ..rollout.loop import LAYOUTS, run_agent_loop
 from .grpo import adopt_activation_checkpointing
 
 
@@ -56,6 +60,10 @@ class AgentSFTConfig(SFTConfig):
         demonstration_mistake_rate (`float`, defaults to `0.0`):
             Per-turn probability that an expert episode repeats its previous command instead (a no-op in
             ALFWorld: "Nothing happens."); the model trains on the expert's recovery, not on the repeat.
+        demonstration_wander_rate (`float`, defaults to `0.0`):
+            Per-turn probability that an expert episode plays a random admissible command instead (ALFWorld: a
+            wrong object taken, a wrong receptacle visited); the expert follows it and the model trains on the
+            recovery, not on the random command. Needs an expert with `observe` (the ALFWorld one).
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
@@ -73,6 +81,9 @@ class AgentSFTConfig(SFTConfig):
     demonstration_mistake_rate: float = field(
         default=0.0, metadata={"help": "Per-turn probability of an injected repeat the expert recovers from."}
     )
+    demonstration_wander_rate: float = field(
+        default=0.0, metadata={"help": "Per-turn probability of a random command the expert recovers from."}
+    )
     frozen_layers: int = field(
         default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
     )
@@ -85,6 +96,8 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(f"demonstrations_per_task must be at least 1, got {self.demonstrations_per_task}.")
         if not 0.0 <= self.demonstration_mistake_rate < 1.0:
             raise ValueError(f"demonstration_mistake_rate must be in [0, 1), got {self.demonstration_mistake_rate}.")
+        if not 0.0 <= self.demonstration_wander_rate < 1.0:
+            raise ValueError(f"demonstration_wander_rate must be in [0, 1), got {self.demonstration_wander_rate}.")
         if self.frozen_layers < 0:
             raise ValueError(f"frozen_layers must be at least 0, got {self.frozen_layers}.")
         if self.layout not in LAYOUTS:
@@ -103,8 +116,36 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
         max_prompt_tokens=config.max_prompt_tokens,
         seed=config.demonstration_seed,
         mistake_rate=config.demonstration_mistake_rate,
+        wander_rate=config.demonstration_wander_rate,
     )
     return demonstration_dataset(demonstrations, config.layout).select_columns(["prompt", "completion"])
+
+
+def relabelled_sft_dataset(
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], config: AgentSFTConfig, *,
+    episodes_per_task: int, max_turns: int, max_new_tokens: int, seed: int = 0,
+) -> Any:
+    """One DAgger round: ``model`` plays ``episodes_per_task`` episodes of each task of ``rows``, sampled at
+    temperature 1 in the config's prompts with at most ``max_turns`` turns of ``max_new_tokens`` tokens, and the
+    expert's corrections of them (``taspo_trl.rollout.demonstrations.relabelled_dataset``) are returned as
+    prompt-completion rows. Trained on together with the demonstrations, they teach the policy to recover from
+    the states its own mistakes lead to, which the expert's episodes never visit."""
+    import torch
+
+    torch.manual_seed(seed)
+    specs = [task_spec_from_row(row) for row in rows for _ in range(episodes_per_task)]
+    generator = TransformersGenerator(model, tokenizer, max_new_tokens=max_new_tokens, temperature=1.0)
+    pool = EnvPool(get_env_factory(config.environment))
+    try:
+        trajectories = run_agent_loop(
+            specs, pool, generator, ChatFormat(tokenizer), layout=config.layout,
+            template=PromptTemplate(history_window=config.history_window), max_turns=max_turns,
+            max_prompt_tokens=config.max_prompt_tokens,
+        )
+    finally:
+        pool.shutdown()
+    dataset = relabelled_dataset(trajectories, environment=config.environment, layout=config.layout, seed=seed)
+    return dataset.select_columns(["prompt", "completion"])
 
 
 @contextmanager

@@ -98,12 +98,16 @@ class ALFWorldExpert:
         self.holding: str | None = None
         self.placed = 0
         self.queue: list[str] | None = None  # receptacles still to search for the object being fetched
+        self.searched: set[str] = set()  # receptacles searched in vain for it
+        self.taken_from = ""  # where the object in hand was picked up
 
     def __call__(self, observation: str, admissible: list[str] | None, rng: random.Random) -> tuple[str, str]:
         if self.stage >= len(self.stages):
             raise ValueError(f"The expert finished every stage of {self.goal!r} without a win.")
         commands = list(admissible or [])
         stage = self.stages[self.stage]
+        if self.holding is not None and _kind(self.holding) != self.kind:
+            return self._put_back(commands, rng)
         if stage == "fetch":
             return self._fetch(commands, rng)
         if stage == "treat":
@@ -114,7 +118,6 @@ class ALFWorldExpert:
                     f"Next the {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
                     f"Next the {obj} needs to be {_PARTICIPLE[verb]}. I will bring it to the {recep}.",
                 )))
-            self.stage += 1
             how = rng.choice(_TREAT_WORDS[verb]).format(recep=recep)
             return rng.choice((
                 f"Now, with the {obj} in hand, I {how}.",
@@ -129,39 +132,43 @@ class ALFWorldExpert:
                 f"Light is what I need to look at the {thing}; there is a lamp at the {recep}.",
                 f"Light is needed to examine the {thing}, so I go to the lamp at the {recep}.",
             )))
-        self.stage += 1
         return rng.choice((
             f"Switching on the {lamp} lets me look at the {thing} in its light.",
             f"Switching the {lamp} on, I can examine the {thing} under the light.",
         )), f"use {lamp}"
 
-    def _go(self, recep: str, thought: str) -> tuple[str, str]:
-        self.at = recep
+    @staticmethod
+    def _go(recep: str, thought: str) -> tuple[str, str]:
         return thought, f"go to {recep}"
 
     def _fetch(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
         obj, missed = self.kind, None  # missed: the receptacle just searched in vain
-        if self.queue is None:
+        fresh = self.queue is None
+        if fresh:
             self.queue = self._search_order(commands, rng)
-        elif self.at is not None and f"open {self.at}" in commands:
+        # Where the agent stands is searched, except the target after a first placement (its object is done).
+        here = self.at if self.at is not None and not (self.placed and self.at == self.target) else None
+        takes = [m for c in commands if (m := _TAKE.match(c)) and m["recep"] == here and _kind(m["obj"]) == obj]
+        if here is not None and f"open {here}" in commands:
             return rng.choice((
-                f"Closed: the {self.at} must be opened to see whether a {obj} is inside.",
-                f"Closed as it is, the {self.at} hides what it holds; I open it.",
-            )), f"open {self.at}"
-        elif takes := [m for c in commands if (m := _TAKE.match(c)) and m["recep"] == self.at and _kind(m["obj"]) == obj]:
-            self.holding = takes[0]["obj"]
-            self.stage += 1
-            self.queue = None
+                f"Closed: the {here} must be opened to see whether a {obj} is inside.",
+                f"Closed as it is, the {here} hides what it holds; I open it.",
+            )), f"open {here}"
+        if takes:
             return rng.choice((
-                f"Found a {obj} at the {self.at}. I pick up {self.holding}.",
-                f"Found one: the {self.at} has a {obj}, so I take {self.holding}.",
+                f"Found a {obj} at the {here}. I pick up {takes[0]['obj']}.",
+                f"Found one: the {here} has a {obj}, so I take {takes[0]['obj']}.",
             )), takes[0].group(0)
-        else:
-            missed = self.at
-        self.queue = [r for r in self.queue if r != self.at and f"go to {r}" in commands]
+        if here is not None and not fresh:
+            missed = here
+            self.searched.add(here)
+        self.queue = [r for r in self.queue if r not in self.searched and r != self.at and f"go to {r}" in commands]
+        if not self.queue:  # the planned places are used up (someone moved the object): try the rest, likely first
+            rest = [m["recep"] for c in commands if (m := _GO.match(c)) and m["recep"] not in self.searched]
+            self.queue = sorted(rest, key=lambda recep: (not may_hold(recep, obj), recep))
         if not self.queue:
-            raise ValueError(f"The expert searched every planned receptacle for a {obj} in vain ({self.goal!r}).")
-        recep = self.queue.pop(0)
+            raise ValueError(f"The expert searched every receptacle for a {obj} in vain ({self.goal!r}).")
+        recep = self.queue[0]
         if missed is not None:
             thought = rng.choice((
                 f"No {obj} at the {missed}. I will try the {recep} next.",
@@ -206,11 +213,72 @@ class ALFWorldExpert:
                 f"Closed: the {target} must be opened before the {obj} can go in.",
                 f"Closed as it is, the {target} cannot take the {obj}; I open it.",
             )), f"open {target}"
-        command = f"move {self.holding} to {target}"
-        self.holding = None
-        self.placed += 1
-        self.stage += 1
         return rng.choice((
             f"Here is the {target} the task means, so I put the {obj} in it.",
             f"Here at the {target}, placing the {obj} does what the task asks.",
-        )), command
+        )), f"move {self.holding} to {target}"
+
+    def _put_back(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
+        """The agent holds an object of the wrong kind (another's choice): put it down where it stands, or where
+        it was taken from when this place is closed."""
+        held, kind = self.holding, _kind(self.holding or "")
+        moves = [c for c in commands if (m := _MOVE.match(c)) and m["obj"] == held]
+        if moves:
+            here = next((c for c in moves if _MOVE.match(c)["recep"] == self.at), moves[0])  # type: ignore[index]
+            return rng.choice((
+                f"Wrong object: {held} is not the {self.kind} the task needs, so I put it down.",
+                f"Wrong kind of thing in hand; a {kind} is no {self.kind}. I set it down first.",
+            )), here
+        if self.at is not None and f"open {self.at}" in commands:
+            return f"Wrong object in hand, a {kind}; I open the {self.at} to put it down.", f"open {self.at}"
+        return self._go(self.taken_from, f"Wrong object in hand, a {kind}; I take it back to the {self.taken_from}.")
+
+    def agrees(self, command: str, suggested: str) -> bool:
+        """Whether ``command`` is as good a move as the expert's ``suggested`` one (asked for this turn): the same
+        command, or, while searching for the object, going to another unsearched receptacle that may hold it.
+        Relabelling gives a policy's turn a correction only where the expert does not agree."""
+        said = " ".join(command.split()).lower()
+        if said == " ".join(suggested.split()).lower():
+            return True
+        searching = self.stage < len(self.stages) and self.stages[self.stage] == "fetch" and self.holding is None
+        match = _GO.match(said)
+        return bool(
+            searching and match and _GO.match(suggested) and match["recep"] != self.at
+            and match["recep"] not in self.searched and may_hold(match["recep"], self.kind)
+        )
+
+    def observe(self, command: str, admissible: list[str] | None) -> None:
+        """Follow the command the game just played, the expert's own or anyone else's, given the admissible
+        commands shown before it (a command outside that list changed nothing). Expert demonstrations call it
+        after every turn; relabelling a policy's episode calls it with the policy's commands, so the expert's
+        next suggestion starts from wherever the policy went."""
+        said = " ".join(command.split()).lower()
+        if not said or said not in {" ".join(c.split()).lower() for c in admissible or []}:
+            return
+        stage = self.stages[self.stage] if self.stage < len(self.stages) else None
+        if match := _GO.match(said):
+            self.at = match["recep"]
+        elif match := _TAKE.match(said):
+            self.holding, self.at = match["obj"], match["recep"]
+            self.taken_from = match["recep"]
+            if stage == "fetch" and _kind(match["obj"]) == self.kind:
+                self.stage += 1
+                self.queue = None
+                self.searched = set()
+        elif match := _MOVE.match(said):
+            self.holding = None
+            if _kind(match["obj"]) != self.kind:
+                return
+            if stage == "place" and match["recep"] == self.target:
+                self.placed += 1
+                self.stage += 1
+            elif stage in ("treat", "place", "use"):  # the object the task needs was put down elsewhere: refetch
+                self.stage = max(i for i in range(self.stage) if self.stages[i] == "fetch")
+        elif match := _TREAT.match(said):
+            wanted = self.treat[0] if self.treat else None
+            if stage == "treat" and match["verb"] == wanted:
+                self.stage += 1
+            elif {match["verb"], wanted} == {"heat", "cool"} and "treat" in self.stages[: self.stage]:
+                self.stage = self.stages.index("treat")  # cooling the heated object undoes the heating, and back
+        elif _USE.match(said) and stage == "use":
+            self.stage += 1
