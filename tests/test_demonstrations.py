@@ -51,7 +51,9 @@ def _actions(trajectory, multi_tag: bool) -> list[str]:
     return [_BLOCK.match(turn.response_text)["block" if multi_tag else "action"] for turn in trajectory.turns]
 
 
-@pytest.mark.parametrize("layout,window", [("turn", 1), ("turn", 3), ("sequence", 3)])
+@pytest.mark.parametrize(
+    "layout,window", [("turn", 1), pytest.param("turn", 3, marks=pytest.mark.slow), ("sequence", 3)]  # slow: 30 s
+)
 def test_alfworld_demonstrations_win_and_match_the_loop_prompts(alfworld_specs, embedded_tokenizer, layout, window):
     demonstrations = expert_demonstrations(
         alfworld_specs, embedded_tokenizer, environment="alfworld", layout=layout, history_window=window
@@ -79,13 +81,21 @@ def test_alfworld_demonstrations_win_and_match_the_loop_prompts(alfworld_specs, 
                 assert [m["role"] for m in example["prompt"]] == ["user", "assistant"] * (len(example["prompt"]) // 2) + ["user"]
 
 
-def test_alfworld_thoughts_explain_rather_than_repeat(alfworld_specs, embedded_tokenizer):
-    demonstrations = expert_demonstrations(alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1)
-    trajectories = [d.trajectory for d in demonstrations]
+@pytest.fixture(scope="module")
+def mistaken_demonstrations(alfworld_specs, embedded_tokenizer):
+    """Expert episodes of every game with injected repeats (mistake rate 0.4), shared by the tests below."""
+    return expert_demonstrations(
+        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, mistake_rate=0.4, seed=1
+    )
+
+
+def test_alfworld_thoughts_explain_rather_than_repeat(mistaken_demonstrations):
+    """The expert's own turns (the injected repeats left out)."""
     thoughts = []
-    for trajectory in trajectories:
+    for trajectory, mistakes in mistaken_demonstrations:
         task_words = set(re.findall(r"[a-z]+", trajectory.task.lower())) - {"a", "some", "it", "in", "on", "put", "and", "the", "with", "then"}
-        for turn in trajectory.turns:
+        turns = [turn for t, turn in enumerate(trajectory.turns) if t not in mistakes]
+        for turn in turns:
             match = _BLOCK.match(turn.response_text)
             assert match, turn.response_text
             thought, action = match["thought"], match["action"]
@@ -93,7 +103,7 @@ def test_alfworld_thoughts_explain_rather_than_repeat(alfworld_specs, embedded_t
             assert not thought.startswith(action)
             thoughts.append(thought)
         # Each episode's reasoning refers to its own task (the object or the place it names).
-        joined = " ".join(_BLOCK.match(t.response_text)["thought"].lower() for t in trajectory.turns)
+        joined = " ".join(_BLOCK.match(t.response_text)["thought"].lower() for t in turns)
         assert any(word in joined for word in task_words), (trajectory.task, joined)
     # Varied wording: far more distinct sentences than there are situations, none dominating.
     assert len(set(thoughts)) >= 0.8 * len(thoughts)
@@ -175,12 +185,10 @@ def test_may_hold_knows_how_alfworld_rooms_are_furnished():
     assert not may_hold("fridge 1", "unknownthing")
 
 
-def test_injected_mistakes_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):
+def test_injected_mistakes_are_recovered_from_and_not_trained_on(alfworld_specs, mistaken_demonstrations):
     """A mistake repeats the previous command, which the game mostly answers with "Nothing happens."; the episode
     still wins, the mistake gets no dataset row, and the next row's prompt shows the failed repeat."""
-    demonstrations = expert_demonstrations(
-        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, mistake_rate=0.4, seed=1
-    )
+    demonstrations = mistaken_demonstrations
     assert len(demonstrations) == len(alfworld_specs)
     dataset = demonstration_dataset(demonstrations, "turn")
     assert len(dataset) == sum(len(d.trajectory.turns) - len(d.mistakes) for d in demonstrations)
@@ -236,13 +244,11 @@ def test_the_alfworld_expert_recovers_from_any_random_start(alfworld_specs, game
     assert won, commands
 
 
-def test_relabelling_corrects_every_injected_mistake(alfworld_specs, embedded_tokenizer):
+def test_relabelling_corrects_every_injected_mistake(mistaken_demonstrations):
     """Relabelling episodes with injected mistakes (repeats the game answers with "Nothing happens.") gives a row
     at every mistake, with the mistake's own prompt and a different command, from which the expert wins; the
     other rows are places where the relabelling expert chose another search than the demonstrating one."""
-    demonstrations = expert_demonstrations(
-        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, mistake_rate=0.4, seed=1
-    )
+    demonstrations = mistaken_demonstrations
     rows = relabelled_dataset([d.trajectory for d in demonstrations], environment="alfworld", seed=5)
     assert set(rows.column_names) == {"prompt", "completion", "task_type", "turn"}
     by_prompt = {row["prompt"][0]["content"]: row for row in rows}
@@ -272,11 +278,12 @@ def test_relabelling_needs_an_expert_that_can_follow(embedded_tokenizer):
 def test_random_commands_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):
     """With wander_rate, episodes also play random admissible commands (wrong places, wrong objects); the expert
     follows them and still wins every game, and no random command becomes a training row."""
+    specs = alfworld_specs[:3]
     demonstrations = expert_demonstrations(
-        alfworld_specs, embedded_tokenizer, environment="alfworld", history_window=1, wander_rate=0.3, seed=2
+        specs, embedded_tokenizer, environment="alfworld", history_window=1, wander_rate=0.3, seed=2
     )
-    assert len(demonstrations) == len(alfworld_specs)
-    assert sum(len(d.mistakes) for d in demonstrations) >= 6
+    assert len(demonstrations) == len(specs)
+    assert sum(len(d.mistakes) for d in demonstrations) >= 3
     dataset = demonstration_dataset(demonstrations, "turn")
     assert len(dataset) == sum(len(d.trajectory.turns) - len(d.mistakes) for d in demonstrations)
     completions = {row["completion"][0]["content"] for row in dataset}

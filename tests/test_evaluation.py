@@ -53,6 +53,7 @@ def test_scripted_policy_success_and_steps_on_real_games(tmp_path, tiny_model_di
     assert result["overall"]["success"] == 0.5
 
 
+@pytest.mark.slow  # about 35 s: two CLI runs; the other evaluation tests cover evaluate_rows and the tables
 def test_eval_cli_writes_a_table1_shaped_result_and_is_reproducible(tmp_path, tiny_model_dir, capsys):
     argv = ["--model_name_or_path", tiny_model_dir, "--games_root", str(tmp_path / "games"), "--games_per_type", "1",
             "--max_turns", "2", "--max_completion_length", "8", "--label", "tiny"]

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
 
 
+@pytest.mark.slow  # about a minute: the whole GPU check script on the CPU; the trainer tests cover its parts
 def test_dry_run_reports_sane_figures(tmp_path):
     out = tmp_path / "report.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

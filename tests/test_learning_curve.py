@@ -7,9 +7,12 @@ import json
 import runpy
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # about 25 s: the benchmark script end to end
 def test_smoke_setting_writes_curves_and_figure(tmp_path, tiny_model_dir, one_torch_thread):
     main = runpy.run_path(str(ROOT / "benchmarks" / "learning_curve.py"), run_name="learning_curve")["main"]
     report = main(["--setting", "smoke", "--model", tiny_model_dir, "--out", str(tmp_path)])

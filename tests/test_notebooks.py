@@ -72,6 +72,7 @@ def test_credit_anatomy_runs_and_keeps_the_guarantees(tmp_path, monkeypatch):
         assert 0.5 - 1e-9 <= low < 1.0 < high <= 1.5 + 1e-9  # eps = 0.5
 
 
+@pytest.mark.slow  # about 40 s: the notebook end to end; the trainer tests cover the training it shows
 def test_quickstart_trains_on_the_tiny_model_and_shows_the_credit(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setenv("TASPO_NOTEBOOK_MODEL", "tiny")

@@ -173,7 +173,10 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir,
     responses only, and train one step."""
     from trl import SFTTrainer
 
-    argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + ["--max_steps", "1", "--frozen_layers", "1"]  # the tiny model has 2 layers
+    # The tiny model has 2 layers; one expert episode per game keeps the test short.
+    argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + [
+        "--max_steps", "1", "--frozen_layers", "1", "--demonstrations_per_task", "1",
+    ]
     at = argv.index("--use_vllm")
     del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
     trainer = build_trainer(argv, model_override=tiny_model_dir)

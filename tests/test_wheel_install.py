@@ -54,6 +54,7 @@ def test_the_wheel_carries_every_recipe_and_declares_trl_s_extras(wheel):
     assert "taspo-recipes = taspo_trl.recipes:main" in entry_points
 
 
+@pytest.mark.slow  # about 30 s of training from the installed wheel; the tests above check what it installs
 def test_an_installed_wheel_trains_a_recipe_by_name(wheel, tmp_path, tiny_model_dir):
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], tmp_path)
