@@ -110,6 +110,18 @@ def play_expert(
         env.close()
 
 
+def _factories(
+    environment: str | None, env_factory: EnvFactory | None, expert_factory: ExpertFactory | None
+) -> tuple[EnvFactory, ExpertFactory]:
+    """The given factories, the missing ones taken from the registered ``environment``."""
+    if env_factory is None or expert_factory is None:
+        if environment is None:
+            raise ValueError("Pass environment= (a registered name) or both env_factory= and expert_factory=.")
+        env_factory = env_factory or get_env_factory(environment)
+        expert_factory = expert_factory or get_expert_factory(environment)
+    return env_factory, expert_factory
+
+
 class Demonstration(NamedTuple):
     """A replayed expert episode and the turns of it that were injected mistakes."""
 
@@ -167,11 +179,7 @@ def expert_demonstrations(
         wander_rate: per-turn probability of an injected random admissible command (see ``play_expert``),
             treated like a mistake.
     """
-    if env_factory is None or expert_factory is None:
-        if environment is None:
-            raise ValueError("Pass environment= (a registered name) or both env_factory= and expert_factory=.")
-        env_factory = env_factory or get_env_factory(environment)
-        expert_factory = expert_factory or get_expert_factory(environment)
+    env_factory, expert_factory = _factories(environment, env_factory, expert_factory)
     rng = random.Random(seed)
     played = [play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate) for spec in specs]
     kept = [i for i, episode in enumerate(played) if episode.won]
@@ -251,11 +259,7 @@ def relabelled_dataset(
     """
     from datasets import Dataset
 
-    if env_factory is None or expert_factory is None:
-        if environment is None:
-            raise ValueError("Pass environment= (a registered name) or both env_factory= and expert_factory=.")
-        env_factory = env_factory or get_env_factory(environment)
-        expert_factory = expert_factory or get_expert_factory(environment)
+    env_factory, expert_factory = _factories(environment, env_factory, expert_factory)
     rng = random.Random(seed)
     rows = []
     for k, trajectory in enumerate(trajectories):
