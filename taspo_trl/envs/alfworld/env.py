@@ -23,7 +23,7 @@ _GENERATE_HINT = "generate games with `taspo-alfworld generate --out DIR --per-t
 _TASK_IN_GRAMMAR = re.compile(r"Your task is to: (.*?)\"")
 
 
-def _normalize_command(command: str) -> str:
+def normalize_command(command: str) -> str:
     """A command as compared with the admissible ones: single spaces, no outer whitespace, lowercase."""
     return " ".join(command.split()).lower()
 
@@ -163,8 +163,8 @@ class ALFWorldEnv:
         if self._done:
             return StepResult(self._last_observation, 0.0, True, self._info(truncated=not self._won))
         command = action if isinstance(action, str) else ""
-        wanted = _normalize_command(command)
-        command = next((c for c in self._admissible if _normalize_command(c) == wanted), command)
+        wanted = normalize_command(command)
+        command = next((c for c in self._admissible if normalize_command(c) == wanted), command)
         state, _, _ = self._engine.step(command)
         self._turns += 1
         self._won = bool(state["won"])

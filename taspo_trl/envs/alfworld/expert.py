@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .env import normalize_command
 from .generator import may_hold
 
 _TAKE = re.compile(r"^take (?P<obj>.+?) from (?P<recep>.+)$")
@@ -237,8 +238,8 @@ class ALFWorldExpert:
         """Whether ``command`` is as good a move as the expert's ``suggested`` one (asked for this turn): the same
         command, or, while searching for the object, going to another unsearched receptacle that may hold it.
         Relabelling gives a policy's turn a correction only where the expert does not agree."""
-        said = " ".join(command.split()).lower()
-        if said == " ".join(suggested.split()).lower():
+        said = normalize_command(command)
+        if said == normalize_command(suggested):
             return True
         searching = self.stage < len(self.stages) and self.stages[self.stage] == "fetch" and self.holding is None
         match = _GO.match(said)
@@ -252,8 +253,8 @@ class ALFWorldExpert:
         commands shown before it (a command outside that list changed nothing). Expert demonstrations call it
         after every turn; relabelling a policy's episode calls it with the policy's commands, so the expert's
         next suggestion starts from wherever the policy went."""
-        said = " ".join(command.split()).lower()
-        if not said or said not in {" ".join(c.split()).lower() for c in admissible or []}:
+        said = normalize_command(command)
+        if not said or said not in {normalize_command(c) for c in admissible or []}:
             return
         stage = self.stages[self.stage] if self.stage < len(self.stages) else None
         if match := _GO.match(said):
