@@ -29,6 +29,12 @@ ACTION_TAGS: tuple[str, ...] = ("action", "search", "answer")
 a response), a block of any of them counts as the action."""
 
 
+def normalize_command(command: str) -> str:
+    """A command as environments compare it with the commands they accept: single spaces, no outer whitespace,
+    lowercase (a policy's ``Go to  Drawer 1`` is ``go to drawer 1``)."""
+    return " ".join(command.split()).lower()
+
+
 @dataclass
 class StepResult:
     """What one environment step returns (the classic ``(obs, reward, done, info)`` tuple, named)."""

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..envs import EnvFactory, ExpertFactory, PromptTemplate, get_env_factory, get_expert_factory
+from ..envs.base import normalize_command
 from .chat import ChatFormat
 from .env_pool import EnvPool
 from .generation import Generation
@@ -305,4 +306,4 @@ def relabelled_dataset(
 
 
 def _same_command(command: str, suggested: str) -> bool:
-    return " ".join(command.split()).lower() == " ".join(suggested.split()).lower()
+    return normalize_command(command) == normalize_command(suggested)

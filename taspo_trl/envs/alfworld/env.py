@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..base import StepResult, encode_task_prompt
+from ..base import StepResult, encode_task_prompt, normalize_command
 from .engine import open_engine
 from .tasks import TASK_TYPES, add_task_to_grammar, describe_task
 
@@ -21,11 +21,6 @@ REQUIRED_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
 TASK_LINE_PREFIX = "Your task is to: "
 _GENERATE_HINT = "generate games with `taspo-alfworld generate --out DIR --per-type N --seed S`"
 _TASK_IN_GRAMMAR = re.compile(r"Your task is to: (.*?)\"")
-
-
-def normalize_command(command: str) -> str:
-    """A command as compared with the admissible ones: single spaces, no outer whitespace, lowercase."""
-    return " ".join(command.split()).lower()
 
 
 def read_game_file(game_file: str | Path) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .env import normalize_command
+from ..base import normalize_command
 from .generator import may_hold
 
 _TAKE = re.compile(r"^take (?P<obj>.+?) from (?P<recep>.+)$")

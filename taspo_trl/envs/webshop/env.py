@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..base import StepResult
+from ..base import StepResult, normalize_command
 from .catalog import PRODUCT_WINDOW, Catalog
 from .reward import purchase_reward
 
@@ -150,7 +150,7 @@ class WebShopEpisode:
                 return "the search query is empty"
             self._search(query)
             return None
-        target = " ".join(argument.split()).lower()
+        target = normalize_command(argument)
         if not target:
             return "click needs a target, e.g. click[buy now]"
         if target not in self._clickables():
