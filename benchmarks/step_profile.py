@@ -12,10 +12,9 @@ Then the same micro-batches (the tensors the loss saw) go through a bare torch l
 forward with ``logits_to_keep``, log-softmax of the completion tokens, an advantage-weighted sum, backward.
 Tokens are attended (unpadded) tokens; both loops see the same ones.
 
-The embedded model fails every quickstart task, so with the verified reward every advantage is 0 and the step
-trains no row at all (``--reward verified`` shows that step). By default a dense reward, the length of each
-trajectory's last response, is added so that siblings differ and every row trains, as in a step with
-successes.
+With the verified reward, a step in which every group fails trains no row at all (``--reward verified`` shows
+such a step when it happens). By default a dense reward, the length of each trajectory's last response, is added
+so that siblings differ and every row trains: the most work, and the most memory, a step can take.
 
     python benchmarks/step_profile.py
     python benchmarks/step_profile.py --config recipes/quickstart/alfworld_taspo_cpu.yaml --reward verified

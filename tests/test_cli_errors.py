@@ -121,7 +121,7 @@ def test_train_refuses_an_output_dir_with_checkpoints_unless_told(tmp_path, tiny
 
 @pytest.mark.parametrize(("flags", "field"), [
     (["--num_generations", "0"], "num_generations"),
-    (["--num_generations", "3"], "num_generations"),  # 2 x 4 = 8 rollouts per batch: not whole groups of 3
+    (["--num_generations", "3"], "num_generations"),  # 1 x 8 = 8 rollouts per batch: not whole groups of 3
     (["--max_turns", "0"], "max_turns"),
 ])
 def test_train_bad_counts_are_one_line(tmp_path, tiny_model_dir, flags, field):
