@@ -61,3 +61,19 @@ def encoder():
     loaded = get_encoder()
     loaded.encode(["warm up"])
     return loaded
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark("credit_quality")``: a script of ``benchmarks/`` (not a package) imported as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

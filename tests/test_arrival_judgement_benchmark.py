@@ -3,21 +3,14 @@ decision score is the policy's log-probability of the thought's first word."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "arrival_judgement.py"
-
 
 @pytest.fixture(scope="module")
-def arrival_judgement():
-    spec = importlib.util.spec_from_file_location("arrival_judgement", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def arrival_judgement(load_benchmark):
+    return load_benchmark("arrival_judgement")
 
 
 @pytest.fixture(scope="module")

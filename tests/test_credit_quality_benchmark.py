@@ -3,21 +3,14 @@ wins, two sampled), GRPO and GiGPO only (no teacher pass). It checks the wiring,
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "credit_quality.py"
-
 
 @pytest.fixture(scope="module")
-def credit_quality():
-    spec = importlib.util.spec_from_file_location("credit_quality", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def credit_quality(load_benchmark):
+    return load_benchmark("credit_quality")
 
 
 @pytest.mark.slow  # about 90 s on 2 cores; the labelling and AUC tests cover the pieces in the default run
