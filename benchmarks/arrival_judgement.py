@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.models import load_model_and_tokenizer
+from taspo_trl.models import load_model_and_tokenizer, prepare_tokenizer
 from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
 from taspo_trl.warmstart import resolve_policy_path
 
@@ -52,15 +53,24 @@ def arrival_rows(rows: list[dict[str, Any]], tokenizer: Any, workdir: Path) -> l
 
 @torch.no_grad()
 def decision_logprobs(model: Any, tokenizer: Any, prompt: list[dict]) -> dict[str, float]:
-    """Log-probability of each decision word as the thought's opening, after the prompt and ``<think>``."""
+    """Log-probability of each decision word as the thought's opening, after the prompt and ``<think>``.
+
+    One forward pass over the context scores every word the tokenizer writes as a single token after it; a
+    word of several tokens gets a pass of its own."""
     text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) + "<think>"
     context = tokenizer(text, add_special_tokens=False)["input_ids"]
+    last = len(context) - 1
+    next_token = model(torch.tensor([context])).logits[0, last:]
     scores = {}
     for word in DECISIONS:
         ids = tokenizer(text + word, add_special_tokens=False)["input_ids"]
-        shared = next((i for i, (a, b) in enumerate(zip(context, ids)) if a != b), len(context))
-        logprobs = model(torch.tensor([ids])).logits[0].log_softmax(-1)
-        scores[word] = sum(logprobs[i - 1, ids[i]].item() for i in range(shared, len(ids)))
+        if ids[: len(context)] != context:
+            raise ValueError(f"{word!r} merges with the end of the context {text[-20:]!r} in this tokenizer; "
+                             "score a pair of words that starts a new token.")
+        word_ids = ids[len(context):]
+        logits = next_token if len(word_ids) == 1 else model(torch.tensor([ids])).logits[0, last:]
+        logprobs = logits.log_softmax(-1)
+        scores[word] = sum(logprobs[i, token].item() for i, token in enumerate(word_ids))
     return scores
 
 
@@ -85,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = [resolve_policy_path(m) for m in args.models]  # builds a named warm start before anything is timed
     root = Path(tempfile.mkdtemp(prefix="arrival_judgement_"))
-    _, tokenizer = load_model_and_tokenizer(paths[0])
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(paths[0]))  # the arrival rows need only its chat template
     splits = {
         "eval_unseen": arrival_rows(task_spec_rows(generate_games(root / "eval_unseen", 2, 0, "eval_unseen")),
                                     tokenizer, root),
