@@ -53,24 +53,19 @@ def arrival_rows(rows: list[dict[str, Any]], tokenizer: Any, workdir: Path) -> l
 
 @torch.no_grad()
 def decision_logprobs(model: Any, tokenizer: Any, prompt: list[dict]) -> dict[str, float]:
-    """Log-probability of each decision word as the thought's opening, after the prompt and ``<think>``.
-
-    One forward pass over the context scores every word the tokenizer writes as a single token after it; a
-    word of several tokens gets a pass of its own."""
+    """Log-probability of each decision word as the thought's opening, after the prompt and ``<think>``."""
     text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) + "<think>"
     context = tokenizer(text, add_special_tokens=False)["input_ids"]
-    last = len(context) - 1
-    next_token = model(torch.tensor([context])).logits[0, last:]
+    context_logits = model(torch.tensor([context])).logits[0]
     scores = {}
     for word in DECISIONS:
         ids = tokenizer(text + word, add_special_tokens=False)["input_ids"]
-        if ids[: len(context)] != context:
-            raise ValueError(f"{word!r} merges with the end of the context {text[-20:]!r} in this tokenizer; "
-                             "score a pair of words that starts a new token.")
-        word_ids = ids[len(context):]
-        logits = next_token if len(word_ids) == 1 else model(torch.tensor([ids])).logits[0, last:]
-        logprobs = logits.log_softmax(-1)
-        scores[word] = sum(logprobs[i, token].item() for i, token in enumerate(word_ids))
+        shared = next((i for i, (a, b) in enumerate(zip(context, ids)) if a != b), len(context))
+        # The context's own pass serves every word that adds one token after it; any other word needs its own.
+        one_token = shared == len(context) and len(ids) == len(context) + 1
+        logits = context_logits if one_token else model(torch.tensor([ids])).logits[0]
+        logprobs = logits[shared - 1 :].log_softmax(-1)
+        scores[word] = sum(logprobs[i - shared, ids[i]].item() for i in range(shared, len(ids)))
     return scores
 
 
