@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--max-completion-length", type=int, default=48, help="the quickstart's response length")
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the model's warm_start.json, else 1)")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed of the temperature-1 episodes")
+    parser.add_argument("--seed", type=int, default=0, help="evaluation seed (greedy decoding ignores it: only the temperature-1 episodes change with it)")
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
     parser.add_argument("--out", default="outputs/warm_start_eval.json")
     args = parser.parse_args(argv)
