@@ -86,20 +86,20 @@ def play_expert(
             raise ValueError(f"wander_rate needs an expert that follows others' commands (observe); "
                              f"{type(expert).__name__} has none. Use mistake_rate instead.")
         for turn in range(limit):
+            admissible = list(env.admissible_commands or [])
             if turn > 0 and turn - 1 not in mistakes and mistake_rate > 0 and rng.random() < mistake_rate:
                 mistakes.add(turn)
                 responses.append(responses[-1])
                 actions.append(actions[-1])
             elif turn - 1 not in mistakes and wander_rate > 0 and rng.random() < wander_rate:
                 mistakes.add(turn)
-                action = rng.choice(list(env.admissible_commands))
+                action = rng.choice(admissible)
                 responses.append(expert_response("Trying something.", action, tags))
                 actions.append(action)
             else:
-                thought, action = expert(observation, env.admissible_commands, rng)
+                thought, action = expert(observation, admissible, rng)
                 responses.append(expert_response(thought, action, tags))
                 actions.append(action)
-            admissible = list(env.admissible_commands or [])
             result = env.step(actions[-1])
             if hasattr(expert, "observe"):
                 expert.observe(actions[-1], admissible)

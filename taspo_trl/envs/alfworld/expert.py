@@ -15,10 +15,18 @@ Every command is one the game lists as admissible, and the object is chosen from
 commands, so the expert wins whichever instance it finds (ALFWorld goals name kinds, not instances). Each
 command comes with a short rationale derived from the task and the state (what the agent holds, where it is,
 what it just failed to find), in several wordings chosen by the RNG; AlignOPSD embeds these thoughts as decision
-states. Every wording of one situation opens with the same word ("Looking", "No", "Found", "Closed", "Next",
-"Now", "Holding", "Here", "Another", "Light", "Switching"), and no two situations share it: a small policy
-commits to a situation with its first thought token and then writes the matching command, so an opening shared
-between situations ("I am at ...") let it drift into the wrong one.
+states. Every wording of one stage opens with the same word ("Looking", "Is", "Closed", "Next", "Holding",
+"Another", "Light", "Wrong"), and no two stages share it: a small policy commits to a stage with its first thought
+token and then writes the matching command, so an opening shared between stages ("I am at ...") let it drift into
+the wrong one.
+
+Whether the agent stands where the stage needs it (at a place with the wanted object, at the sink, microwave or
+fridge, at the target, at the lamp) is asked as a question with that name in it, then answered: "Is a cd here?
+Yes, so I take cd 1.", "Holding the cd, is the garbagecan here? No, so I head to the garbagecan 1." The deciding
+word then comes right after the name it depends on, as a yes/no answer. Opening with the outcome instead ("Found a
+cd ..." / "No cd ...", "Holding ..." / "Here is the garbagecan ...") made the 135M policy answer whether anything
+at all was in view, not whether the wanted kind was (``benchmarks/arrival_judgement.py``), and put objects down
+where it had just picked them up.
 """
 
 from __future__ import annotations
@@ -43,11 +51,6 @@ DETOUR_WEIGHTS = (0.2, 0.4, 0.4)
 """Probability of 0, 1 and 2 detours per object fetched."""
 
 _PARTICIPLE = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
-_TREAT_WORDS = {
-    "clean": ("wash it in the {recep}", "rinse it at the {recep}", "clean it with the {recep}"),
-    "heat": ("warm it up in the {recep}", "heat it with the {recep}", "use the {recep} to heat it"),
-    "cool": ("chill it in the {recep}", "cool it down with the {recep}", "use the {recep} to cool it"),
-}
 
 
 def _kind(name: str) -> str:
@@ -114,28 +117,25 @@ class ALFWorldExpert:
         if stage == "treat":
             verb, recep = self.treat  # type: ignore[misc]
             obj = _kind(self.holding or self.kind)
+            need = rng.choice((f"Next the {obj} gets {_PARTICIPLE[verb]}.", f"Next I {verb} the {obj}."))
             if self.at != recep:
-                return self._go(recep, rng.choice((
-                    f"Next the {obj} must be {_PARTICIPLE[verb]} before I place it, and the {recep} can do that.",
-                    f"Next the {obj} needs to be {_PARTICIPLE[verb]}. I will bring it to the {recep}.",
+                return self._go(recep, f"{need} Is the {_kind(recep)} here? " + rng.choice((
+                    f"No; I go to the {recep}.", f"No; I bring it to the {recep}.",
                 )))
-            how = rng.choice(_TREAT_WORDS[verb]).format(recep=recep)
-            return rng.choice((
-                f"Now, with the {obj} in hand, I {how}.",
-                f"Now I {how}: the task needs a {_PARTICIPLE[verb]} {obj}.",
+            return f"{need} Is the {_kind(recep)} here? " + rng.choice((
+                f"Yes, so I {verb} it.", f"Yes: I {verb} it now.",
             )), f"{verb} {self.holding} with {recep}"
         if stage == "place":
             return self._place(commands, rng)
         lamp, recep = self.lamp  # type: ignore[misc]
         thing = _kind(self.holding or self.kind)
+        need = rng.choice((f"Light is needed for the {thing}.", f"Light is needed to see the {thing}."))
         if self.at != recep:
-            return self._go(recep, rng.choice((
-                f"Light is what I need to look at the {thing}; there is a lamp at the {recep}.",
-                f"Light is needed to examine the {thing}, so I go to the lamp at the {recep}.",
+            return self._go(recep, f"{need} Is the {_kind(lamp)} here? " + rng.choice((
+                f"No; I go to the {recep}.", f"No; it stands at the {recep}.",
             )))
-        return rng.choice((
-            f"Switching on the {lamp} lets me look at the {thing} in its light.",
-            f"Switching the {lamp} on, I can examine the {thing} under the light.",
+        return f"{need} Is the {_kind(lamp)} here? " + rng.choice((
+            "Yes, so I switch it on.", f"Yes: I turn the {lamp} on.",
         )), f"use {lamp}"
 
     @staticmethod
@@ -157,8 +157,8 @@ class ALFWorldExpert:
             )), f"open {here}"
         if takes:
             return rng.choice((
-                f"Found a {obj} at the {here}. I pick up {takes[0]['obj']}.",
-                f"Found one: the {here} has a {obj}, so I take {takes[0]['obj']}.",
+                f"Is a {obj} here? Yes, so I take {takes[0]['obj']}.",
+                f"Is a {obj} here? Yes: I pick up {takes[0]['obj']}.",
             )), takes[0].group(0)
         if here is not None and not fresh:
             missed = here
@@ -172,8 +172,8 @@ class ALFWorldExpert:
         recep = self.queue[0]
         if missed is not None:
             thought = rng.choice((
-                f"No {obj} at the {missed}. I will try the {recep} next.",
-                f"No {obj} here at the {missed}; the {recep} might have one.",
+                f"Is a {obj} here? No, so I will try the {recep} next.",
+                f"Is a {obj} here? No; the {recep} might have one.",
             ))
         elif self.placed:
             thought = rng.choice((
@@ -204,19 +204,18 @@ class ALFWorldExpert:
 
     def _place(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
         target, obj = self.target, _kind(self.holding or self.kind)
+        question = f"Holding the {obj}, is the {_kind(target)} here?"  # type: ignore[arg-type]
         if self.at != target:
-            return self._go(target, rng.choice((  # type: ignore[arg-type]
-                f"Holding the {obj}, I head to the {target}, where it belongs.",
-                f"Holding the {obj} that the task asks for, I carry it to the {target}.",
+            return self._go(target, f"{question} " + rng.choice((  # type: ignore[arg-type]
+                f"No, so I head to the {target}.", f"No; I carry it to the {target}.",
             )))
         if f"open {target}" in commands:
             return rng.choice((
                 f"Closed: the {target} must be opened before the {obj} can go in.",
                 f"Closed as it is, the {target} cannot take the {obj}; I open it.",
             )), f"open {target}"
-        return rng.choice((
-            f"Here is the {target} the task means, so I put the {obj} in it.",
-            f"Here at the {target}, placing the {obj} does what the task asks.",
+        return f"{question} " + rng.choice((
+            "Yes, so I put it there.", "Yes: I place it here.",
         )), f"move {self.holding} to {target}"
 
     def _put_back(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
