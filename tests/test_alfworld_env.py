@@ -270,3 +270,63 @@ def test_package_imports_without_the_optional_dependencies(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert 'pip install "taspo-trl[alfworld]"' in result.stdout
+
+
+def _play_walkthrough(game_file: Path) -> list[str]:
+    env = ALFWorldEnv(game_file)
+    printed = [env.reset(), *env.admissible_commands]
+    for command in env.walkthrough:
+        printed += [env.step(command).observation, *env.admissible_commands]
+    env.close()
+    return printed
+
+
+def test_remembered_template_parses_print_the_same_game_with_fewer_parses(games, monkeypatch):
+    import textworld.envs.pddl.logic as pddl_logic
+    import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as logic
+
+    from taspo_trl.envs.alfworld import engine
+
+    _require_engine()
+    calls = []
+    for module in (textgen, logic, pddl_logic):
+        shipped = module._parse_and_convert.__wrapped__
+
+        def counted(*args, _parse=shipped, **kwargs):
+            calls.append(args[0])
+            return _parse(*args, **kwargs)
+
+        monkeypatch.setattr(module, "_parse_and_convert", counted)
+    game_file = games["pick_heat_then_place_in_recep"]
+    with monkeypatch.context() as shipped_only:
+        shipped_only.setattr(engine, "_remember_template_parses", lambda: None)
+        as_shipped = _play_walkthrough(game_file)
+    shipped_calls = len(calls)
+    calls.clear()
+    engine._remember_template_parses()  # wraps the counting parses
+    first = _play_walkthrough(game_file)
+    first_calls = len(calls)
+    again = _play_walkthrough(game_file)
+
+    assert first == as_shipped and again == as_shipped
+    assert first_calls == len(set(calls)) < shipped_calls  # each distinct text parsed once
+    assert len(calls) == first_calls  # the second episode parsed nothing
+
+
+def test_a_remembered_parse_hands_out_copies():
+    from taspo_trl.envs.alfworld.engine import _remembering
+
+    made = []
+
+    def parse(text, rule_name=None):
+        made.append(text)
+        return [{"symbol": text, "rule": rule_name}]
+
+    remembered = _remembering(parse)
+    first = remembered("#intro#", rule_name="symbols")
+    first[0]["context"] = "mutated by the caller"
+    second = remembered("#intro#", rule_name="symbols")
+    assert second == [{"symbol": "#intro#", "rule": "symbols"}]
+    assert remembered("#intro#", rule_name="other") == [{"symbol": "#intro#", "rule": "other"}]
+    assert made == ["#intro#", "#intro#"]

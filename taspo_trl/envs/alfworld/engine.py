@@ -8,6 +8,7 @@ them ("apple 1", "sinkbasin 1"). ``alfworld`` and ``textworld`` are optional dep
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 from collections.abc import Mapping
@@ -26,7 +27,40 @@ def _require_engine():
         raise ImportError(
             f"ALFWorld environments need the `alfworld` and `textworld[pddl]` packages: {_INSTALL_HINT}"
         ) from error
+    _remember_template_parses()
     return textworld.EnvInfos, PddlEnv, AlfredDemangler
+
+
+def _remember_template_parses() -> None:
+    """Make TextWorld parse each of its text templates and logic expressions once per process.
+
+    TextWorld re-parses, with a TatSu grammar, every template it renders (each admissible command, each
+    feedback sentence) and every rule condition it checks, at every step, and the whole domain at every load:
+    half of an ALFWorld step's time. A parse depends only on its text and arguments, so the first result is
+    kept and each call gets a deep copy of it (TextWorld mutates the symbols it gets). Nothing it produces changes.
+    """
+    import textworld.envs.pddl.logic as pddl_logic
+    import textworld.envs.pddl.textgen as textgen
+    import textworld.logic as logic
+
+    for module in (textgen, logic, pddl_logic):
+        parse = getattr(module, "_parse_and_convert", None)
+        if parse is not None and not hasattr(parse, "remembered"):
+            module._parse_and_convert = _remembering(parse)
+
+
+def _remembering(parse: Any) -> Any:
+    parsed: dict[tuple, Any] = {}
+
+    def remembered_parse(*args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(sorted(kwargs.items())))
+        if key not in parsed:
+            parsed[key] = parse(*args, **kwargs)
+        return copy.deepcopy(parsed[key])
+
+    remembered_parse.remembered = True
+    remembered_parse.__wrapped__ = parse
+    return remembered_parse
 
 
 class _ArgvKeeper:
