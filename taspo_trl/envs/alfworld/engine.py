@@ -36,8 +36,10 @@ def _remember_template_parses() -> None:
 
     TextWorld re-parses, with a TatSu grammar, every template it renders (each admissible command, each
     feedback sentence) and every rule condition it checks, at every step, and the whole domain at every load:
-    half of an ALFWorld step's time. A parse depends only on its text and arguments, so the first result is
-    kept and each call gets a deep copy of it (TextWorld mutates the symbols it gets). Nothing it produces changes.
+    about two thirds of an ALFWorld step's time (``benchmarks/alfworld_engine.py``). A parse depends only on its
+    text and arguments, so the first result is kept and each call gets a deep copy of it (TextWorld mutates the
+    symbols it gets). Nothing it produces changes. Environments stepped from several threads may race to parse
+    the same text first; that only parses it twice.
     """
     import textworld.envs.pddl.logic as pddl_logic
     import textworld.envs.pddl.textgen as textgen
