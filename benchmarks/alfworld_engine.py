@@ -17,13 +17,7 @@ import tempfile
 import time
 from unittest import mock
 
-import textworld.envs.pddl.logic as pddl_logic
-import textworld.envs.pddl.textgen as textgen
-import textworld.logic as logic
-
 from taspo_trl.envs.alfworld import alfworld_env_factory, engine, generate_games
-
-_MODULES = (textgen, logic, pddl_logic)
 
 
 def _play(games: list[str], episodes: int, steps: int) -> tuple[float, float, int, list[str]]:
@@ -59,7 +53,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as games_dir:
         games = [str(path) for path in sorted(generate_games(games_dir, per_type=1, seed=0, split="train"))]
-        for module in _MODULES:  # generate_games went through the engine: undo its shortcut
+        for module in engine._parsing_modules():  # generate_games went through the engine: undo its shortcut
             module._parse_and_convert = getattr(module._parse_and_convert, "__wrapped__", module._parse_and_convert)
         with mock.patch.object(engine, "_remember_template_parses", lambda: None):
             plain = _play(games, args.episodes, args.steps)

@@ -282,15 +282,11 @@ def _play_walkthrough(game_file: Path) -> list[str]:
 
 
 def test_remembered_template_parses_print_the_same_game_with_fewer_parses(games, monkeypatch):
-    import textworld.envs.pddl.logic as pddl_logic
-    import textworld.envs.pddl.textgen as textgen
-    import textworld.logic as logic
-
     from taspo_trl.envs.alfworld import engine
 
     _require_engine()
     calls = []
-    for module in (textgen, logic, pddl_logic):
+    for module in engine._parsing_modules():
         shipped = module._parse_and_convert.__wrapped__
 
         def counted(*args, _parse=shipped, **kwargs):

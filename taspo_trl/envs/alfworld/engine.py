@@ -41,14 +41,19 @@ def _remember_template_parses() -> None:
     symbols it gets). Nothing it produces changes. Environments stepped from several threads may race to parse
     the same text first; that only parses it twice.
     """
+    for module in _parsing_modules():
+        parse = getattr(module, "_parse_and_convert", None)
+        if parse is not None and not hasattr(parse, "remembered"):
+            module._parse_and_convert = _remembering(parse)
+
+
+def _parsing_modules() -> tuple[Any, ...]:
+    """TextWorld's modules whose ``_parse_and_convert`` is remembered: text generation, logic, PDDL logic."""
     import textworld.envs.pddl.logic as pddl_logic
     import textworld.envs.pddl.textgen as textgen
     import textworld.logic as logic
 
-    for module in (textgen, logic, pddl_logic):
-        parse = getattr(module, "_parse_and_convert", None)
-        if parse is not None and not hasattr(parse, "remembered"):
-            module._parse_and_convert = _remembering(parse)
+    return textgen, logic, pddl_logic
 
 
 def _remembering(parse: Any) -> Any:
