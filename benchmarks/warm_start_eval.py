@@ -73,13 +73,14 @@ def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[di
     env_factory = get_env_factory("alfworld")
     started = time.perf_counter()
     greedy = EvalArguments(history_window=window, max_turns=args.eval_turns, max_completion_length=args.max_completion_length,
-                           temperature=0.0, eval_batch_size=len(unseen_rows), seed=args.seed)
+                           temperature=0.0, eval_batch_size=len(unseen_rows), seed=args.seed, bf16=args.bf16)
     unseen = act_stats(evaluate_rows(unseen_rows, model, tokenizer, greedy, env_factory))
     sampled = EvalArguments(history_window=window, max_turns=args.train_turns, max_completion_length=args.max_completion_length,
-                            temperature=1.0, eval_batch_size=len(train_rows) * args.siblings, seed=args.seed)
+                            temperature=1.0, eval_batch_size=len(train_rows) * args.siblings, seed=args.seed,
+                            bf16=args.bf16)
     siblings = [row for row in train_rows for _ in range(args.siblings)]
     train = group_stats(evaluate_rows(siblings, model, tokenizer, sampled, env_factory), args.siblings)
-    return {"model": model_name, "history_window": window, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
+    return {"model": model_name, "history_window": window, "bf16": args.bf16, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the model's warm_start.json, else 1)")
     parser.add_argument("--seed", type=int, default=0, help="evaluation seed (greedy decoding ignores it: only the temperature-1 episodes change with it)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="sample under bf16 autocast, as the CPU quickstarts do (default: float32)")
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
     parser.add_argument("--out", default="outputs/warm_start_eval.json")
     args = parser.parse_args(argv)

@@ -74,6 +74,9 @@ class EvalArguments:
         results_dir (`str`, defaults to `"outputs/eval"`): where the JSON and markdown results go.
         device (`str`, defaults to `"cpu"`): `cpu`, `cuda`, ...
         dtype (`str`, defaults to `"float32"`): model dtype (`bfloat16` on GPUs).
+        bf16 (`bool`, defaults to `False`): sample under bf16 autocast over the model's weights, as training with
+            `bf16` does (the CPU quickstarts): about 1.6x faster than float32 on a CPU with bfloat16 instructions
+            (AVX512-BF16 or AMX), slower on one without.
         prompt_skill_bank (`str` or `None`, defaults to `None`): a SkillBank (`alfworld`, `webshop`, `searchqa`
             or a JSONL path) whose top-`prompt_skill_top_k` skills for each task are shown in the policy's prompt,
             as in training with the same field (Skill-GRPO*, Skill-Prompt*). `None`: no skills.
@@ -109,6 +112,7 @@ class EvalArguments:
     results_dir: str = field(default="outputs/eval", metadata={"help": "Output folder."})
     device: str = field(default="cpu", metadata={"help": "Device."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype."})
+    bf16: bool = field(default=False, metadata={"help": "Sample under bf16 autocast (as training with bf16)."})
     prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skills in the policy prompt (Skill-GRPO*)."})
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
 
@@ -163,6 +167,7 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
 def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
     """The transformers sampler with every decoding setting of ``args``; a ``generation_kwargs`` key that
     ``transformers.GenerationConfig`` does not know is refused here rather than by ``generate`` mid-evaluation."""
+    import torch
     from transformers import GenerationConfig
 
     from .rollout.generation import TransformersGenerator, sampling_settings
@@ -181,6 +186,7 @@ def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> A
         top_p=args.top_p,
         top_k=args.top_k,
         generation_kwargs=sampling_settings(args),
+        autocast_dtype=torch.bfloat16 if args.bf16 else None,
     )
 
 

@@ -128,3 +128,19 @@ def test_prompt_skill_bank_is_a_taspo_eval_flag():
         args=["--prompt_skill_bank", "alfworld", "--prompt_skill_top_k", "3"])
     assert (args.prompt_skill_bank, args.prompt_skill_top_k) == ("alfworld", 3)
     assert EvalArguments().prompt_skill_bank is None  # off unless asked for
+
+
+def test_bf16_evaluation_samples_under_autocast(tiny_model_dir):
+    """``--bf16`` makes the sampler run the float32 model's matmuls in bfloat16, as a bf16 training run samples."""
+    import torch
+
+    from taspo_trl.evaluation import transformers_generator
+
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    for bf16, dtype in ((False, torch.float32), (True, torch.bfloat16)):
+        seen.clear()
+        generator = transformers_generator(model, tokenizer, EvalArguments(bf16=bf16, max_completion_length=4))
+        generator([tokenizer("open the locker")["input_ids"]])
+        assert set(seen) == {dtype}

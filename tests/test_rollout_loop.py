@@ -161,6 +161,34 @@ def test_sampling_logprobs_match_a_forward_pass(tiny_model_dir, chat):
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
 
 
+def test_autocast_generation_samples_in_bf16_and_records_its_log_probs(tiny_model_dir, chat):
+    """With ``autocast_dtype`` the model's matmuls run in bfloat16 during sampling (as the trainer's bf16 forward
+    passes do), and the recorded log-probs are those of that bf16 forward pass, not the float32 one."""
+    from transformers import AutoModelForCausalLM
+
+    from taspo_trl.rollout.generation import TransformersGenerator
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    seen = set()
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.add(out.dtype))
+    generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=8, temperature=1.0,
+                                      autocast_dtype=torch.bfloat16)
+    prompt = chat.first_prompt_ids("open the locker")
+    [gen] = generator([prompt])
+    assert seen == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast leaves the weights alone
+    ids = torch.tensor([prompt + gen.token_ids])
+    taken = torch.tensor(gen.token_ids)[:, None]
+    with torch.no_grad():
+        exact = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1).gather(1, taken).squeeze(1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), -1).gather(1, taken).squeeze(1)
+    recorded = torch.tensor(gen.logprobs)
+    assert torch.allclose(recorded, mixed, atol=0.05)
+    assert (recorded - exact).abs().max() > 1e-4  # bf16 rounding shows: the float32 pass was not the one recorded
+
+
 def test_multi_tag_environment_gets_canonical_blocks_in_batched_steps(chat):
     QuizEnv.batch_sizes.clear()
     pool = EnvPool(quiz_factory)

@@ -74,6 +74,9 @@ class TransformersGenerator:
         generation_kwargs: further ``generate`` arguments, applied over the ones above as TRL applies its
             ``generation_kwargs`` (e.g. ``min_p``, ``repetition_penalty``). The log-prob recorder stays: it sees
             the logits after transformers' logit processors (a repetition penalty), before the sampling warpers.
+        autocast_dtype: generate under ``torch.autocast`` with this dtype (the trainer's ``bf16`` / ``fp16``), as
+            the trainer's own forward passes run; ``None`` = the model's dtype. ``generate`` bypasses the
+            autocast wrapper Accelerate puts on ``forward``, so without this a float32 model samples in float32.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class TransformersGenerator:
         stop_token_ids: list[int] | None = None,
         model_context: Callable[[], Any] | None = None,
         generation_kwargs: dict[str, Any] | None = None,
+        autocast_dtype: torch.dtype | None = None,
     ):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {temperature}.")
@@ -105,13 +109,14 @@ class TransformersGenerator:
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         self.model_context = model_context or (lambda: nullcontext(self.model))
         self.generation_kwargs = dict(generation_kwargs or {})
+        self.autocast_dtype = autocast_dtype
 
     def __call__(self, prompts: list[list[int]]) -> list[Generation]:
         if not prompts:
             return []
         step = self.batch_size or len(prompts)
         results: list[Generation] = []
-        with self.model_context() as model, torch.no_grad():
+        with self.model_context() as model, torch.no_grad(), self._precision(model):
             was_training = model.training
             model.eval()
             try:
@@ -120,6 +125,11 @@ class TransformersGenerator:
             finally:
                 model.train(was_training)
         return results
+
+    def _precision(self, model: Any) -> Any:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(next(model.parameters()).device.type, dtype=self.autocast_dtype)
 
     def _generate(self, model: Any, prompts: list[list[int]]) -> list[Generation]:
         device = next(model.parameters()).device
@@ -227,4 +237,5 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         ),
         generation_kwargs=sampling_settings(args),
+        autocast_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None,
     )
