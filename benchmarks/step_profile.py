@@ -88,9 +88,10 @@ def padded_tokens(batch: Batch) -> int:
     return batch["prompt_ids"].numel() + batch["completion_ids"].numel()
 
 
-def bare_forward_backward(model: Any, micro_batches: list[Batch]) -> float:
+def bare_forward_backward(model: Any, micro_batches: list[Batch], bf16: bool) -> float:
     """Seconds for a plain forward + backward over ``micro_batches``: the policy-gradient surrogate on the
-    completion tokens, without checkpointing, metrics or TRL's fused log-prob head."""
+    completion tokens, without checkpointing, metrics or TRL's fused log-prob head; under bf16 autocast when the
+    trainer ran under it."""
     checkpointing = model.is_activation_checkpointing
     if checkpointing:
         model.activation_checkpointing_disable()
@@ -100,7 +101,8 @@ def bare_forward_backward(model: Any, micro_batches: list[Batch]) -> float:
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         width = batch["completion_ids"].size(1)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits[:, :-1]
+        with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=width + 1).logits[:, :-1]
         logps = logits.float().log_softmax(-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
         weight = batch["completion_mask"] * batch["tool_mask"]
         loss = -(logps * batch["advantages"] * weight).sum() / weight.sum().clamp(min=1.0)
@@ -138,7 +140,7 @@ def profile(config: str, reward: str, overrides: list[str]) -> dict[str, Any]:
             trainer.train()
         finally:
             trainer.close()
-        bare_seconds = bare_forward_backward(trainer.model, seen)
+        bare_seconds = bare_forward_backward(trainer.model, seen, trainer.args.bf16)
     logs = trainer.state.log_history[0]
     return {
         "step": clock.step_seconds[0],

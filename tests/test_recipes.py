@@ -199,7 +199,7 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
     spec = WARM_STARTS["embedded:smollm2-135m-alfworld"]
     for key in ("games_per_type", "games_seed", "layout", "history_window", "num_train_epochs", "learning_rate",
                 "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "demonstrations_per_task",
-                "frozen_layers"):
+                "frozen_layers", "bf16"):
         assert data[key] == getattr(spec, key), key
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
     quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())
