@@ -250,12 +250,16 @@ def test_rectified_gap_has_one_plain_reference(tmp_path, tiny_model_dir, pick_ga
     assert len(recomputed) == len(reference)
     for got, want in zip(recomputed, reference):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-    # vLLM sampled and TRL recomputed nothing: the trainer scores the plain pass itself.
-    monkeypatch.setattr(trainer, "use_vllm", True)
-    rescored = rectified_gaps(shifted_trajectories, shifted_rows, shifted)
-    assert len(rescored) == len(reference)
-    for got, want in zip(rescored, reference):
-        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got, want))
+    # vLLM sampled, or the sampler ran under bf16 autocast, and TRL recomputed nothing: the trainer scores the
+    # plain pass itself (this trainer's forward is float32, so the gaps are the reference ones).
+    for setting, value in (("use_vllm", True), ("bf16", True)):
+        owner = trainer if setting == "use_vllm" else trainer.args
+        monkeypatch.setattr(owner, setting, value)
+        rescored = rectified_gaps(shifted_trajectories, shifted_rows, shifted)
+        assert len(rescored) == len(reference)
+        for got, want in zip(rescored, reference):
+            assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got, want))
+        monkeypatch.setattr(owner, setting, not value)
 
 
 def test_config_errors(tmp_path):

@@ -392,13 +392,14 @@ class AgentGRPOTrainer(GRPOTrainer):
         so the plain side must be that same forward: any offset between two log-prob sources (vLLM against
         transformers, dropout noise) would otherwise become part of the gaps, and of some gaps only where two of
         them used different sources. TRL's ``old_per_token_logps`` are that forward when TRL computed them and no
-        dropout is active; the sampling log-probs are when the transformers backend sampled (in eval mode, with
-        the same weights). In the remaining cases, vLLM's log-probs without a recomputation or a recomputation
-        that ran with dropout, the rows are scored once more."""
+        dropout is active; the sampling log-probs are when the transformers backend sampled in full precision (in
+        eval mode, with the same weights). In the remaining cases the rows are scored once more: vLLM's log-probs
+        without a recomputation, a recomputation that ran with dropout, and sampling under bf16/fp16 autocast,
+        whose token-by-token decoding rounds differently from a forward over the whole row."""
         old = batch.get("old_per_token_logps")
         if old is not None and not _dropout_is_active(self.model):
             return old.float().cpu()
-        if old is None and not self.use_vllm:
+        if old is None and not (self.use_vllm or self.args.bf16 or self.args.fp16):
             return batch["sampling_per_token_logps"].float().cpu()
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
