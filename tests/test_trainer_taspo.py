@@ -200,9 +200,16 @@ def test_fallback_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monke
     taspo, _ = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
     if case == "no_pi":
         taspo.analyzer = _BrokenAnalyzer()
+    # As if sampled under bf16 autocast, where only a forward pass could give the plain log-probs: with nothing
+    # to rescore, no pass may run at all (an all-fail step costs its rollout).
+    monkeypatch.setattr(taspo.args, "bf16", True)
+    passes = []
+    snapshot = taspo._snapshot_logprobs
+    monkeypatch.setattr(taspo, "_snapshot_logprobs", lambda *args, **kwargs: passes.append(1) or snapshot(*args, **kwargs))
     try:
         batch_grpo = _run_step(grpo, dataset, [list(p) for p in plans], monkeypatch)
         batch_taspo = _run_step(taspo, dataset, [list(p) for p in plans], monkeypatch)
+        assert passes == []
         assert all(text == "" for text in taspo.last_step.privileged_info)
         for key in ("completion_ids", "advantages", "tool_mask", "num_items_in_batch"):
             assert torch.equal(batch_grpo[key], batch_taspo[key]), key
