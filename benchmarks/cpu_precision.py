@@ -70,6 +70,9 @@ def main() -> None:
     batch = torch.randint(100, vocab, (4, 330))
     train = {bf16: _train_seconds(model, batch, bf16, args.repeats) for bf16 in (False, True)}
 
+    # The rollouts sample with the fully trained policy. Autocast keeps its bf16 copy of a weight for the whole
+    # generate call only when the weight requires grad; frozen weights (a LoRA base) are cast again at every token.
+    model.requires_grad_(True)
     model.eval()
     prompts = torch.randint(100, vocab, (8, 270)).tolist()
     forced = {"min_new_tokens": 40}
