@@ -186,6 +186,28 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
     assert redistributed >= 2
 
 
+def test_all_fail_step_runs_no_rescoring_pass(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """No sibling won, so no advantage can move: no privileged, aligned or plain pass may run, even when the
+    sampler ran under bf16 autocast and only a forward pass could give the plain log-probs."""
+    config = AlignOPSDConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5))
+    trainer = AlignOPSDTrainer(
+        model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
+    )
+    walkthrough = json.loads(Path(pick_game).read_text())["walkthrough"]
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6, wins=0))
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    monkeypatch.setattr(trainer.args, "bf16", True)
+    passes = []
+    snapshot = trainer._snapshot_logprobs
+    monkeypatch.setattr(trainer, "_snapshot_logprobs", lambda *args, **kwargs: passes.append(1) or snapshot(*args, **kwargs))
+    try:
+        batch = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
+    finally:
+        trainer.close()
+    assert batch["advantages"].abs().sum() == 0
+    assert passes == []
+
+
 def _one_step_inputs(trainer, game, monkeypatch) -> tuple:
     """What ``turn_weights`` gets in one scripted step (trajectories, advantages, rows, batch); the credit itself is
     left out of that step."""

@@ -149,7 +149,10 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         active = active_contexts(skill_texts[first : first + local], advantages)
         # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
         # a reference that differed between the two would move the matched turns only.
-        plain_rows = self._plain_logprobs(step.batch)
+        # Only active trajectories are rescored or matched; with none on any process the plain pass (a forward over
+        # every row when the sampler's log-probs can't serve) would be spent on nothing.
+        anyone_active = self._max_over_processes(sum(1 for context in active if context))
+        plain_rows = self._plain_logprobs(step.batch) if anyone_active else torch.empty(0, 0)
         local_gaps = privileged_token_shifts(
             rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
             min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
@@ -170,7 +173,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
         started = time.perf_counter()
         aligned_gaps, aligned_views = self._aligned_gaps(
-            correspondences, trajectories, everything, skill_texts, rows.collect(plain_rows)
+            correspondences, trajectories, everything, skill_texts, rows.collect(plain_rows) if anyone_active else {}
         )
         rescoring_seconds += time.perf_counter() - started
 
