@@ -167,10 +167,9 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
 def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
     """The transformers sampler with every decoding setting of ``args``; a ``generation_kwargs`` key that
     ``transformers.GenerationConfig`` does not know is refused here rather than by ``generate`` mid-evaluation."""
-    import torch
     from transformers import GenerationConfig
 
-    from .rollout.generation import TransformersGenerator, sampling_settings
+    from .rollout.generation import TransformersGenerator, sampling_autocast_dtype, sampling_settings
 
     unknown = sorted(set(args.generation_kwargs or {}) - set(GenerationConfig().to_dict()))
     if unknown:
@@ -186,7 +185,7 @@ def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> A
         top_p=args.top_p,
         top_k=args.top_k,
         generation_kwargs=sampling_settings(args),
-        autocast_dtype=torch.bfloat16 if args.bf16 else None,
+        autocast_dtype=sampling_autocast_dtype(args),
     )
 
 

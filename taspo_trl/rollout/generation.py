@@ -213,6 +213,16 @@ def sampling_settings(args: Any) -> dict[str, Any]:
     return settings | dict(args.generation_kwargs or {})
 
 
+def sampling_autocast_dtype(args: Any) -> torch.dtype | None:
+    """The dtype the transformers sampler autocasts to under a config's mixed precision (``bf16`` / ``fp16``, as
+    the trainer's forward passes run), ``None`` in full precision."""
+    if getattr(args, "bf16", False):
+        return torch.bfloat16
+    if getattr(args, "fp16", False):
+        return torch.float16
+    return None
+
+
 def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Generator:
     """The generator a ``GRPOTrainer`` would use: TRL's vLLM path when enabled, else ``transformers`` with
     sampling log-probs, on the model unwrapped for generation (DDP / DeepSpeed ZeRO-3 gathered)."""
@@ -237,5 +247,5 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
             gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
         ),
         generation_kwargs=sampling_settings(args),
-        autocast_dtype=torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else None,
+        autocast_dtype=sampling_autocast_dtype(args),
     )

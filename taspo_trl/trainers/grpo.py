@@ -48,7 +48,7 @@ from ..envs.trl_style import (
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
-from ..rollout.generation import generator_for_trainer
+from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
@@ -399,7 +399,7 @@ class AgentGRPOTrainer(GRPOTrainer):
         old = batch.get("old_per_token_logps")
         if old is not None and not _dropout_is_active(self.model):
             return old.float().cpu()
-        if old is None and not (self.use_vllm or self.args.bf16 or self.args.fp16):
+        if old is None and not self.use_vllm and sampling_autocast_dtype(self.args) is None:
             return batch["sampling_per_token_logps"].float().cpu()
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
