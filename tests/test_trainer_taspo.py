@@ -178,6 +178,45 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
         assert torch.allclose(delta, expected[start:end].double(), atol=1e-4)
 
 
+def test_bf16_sampling_rescores_the_plain_side_of_the_rescored_rows_only(tmp_path, tiny_model_dir, pick_game, monkeypatch):
+    """Under bf16 sampling the plain log-probs come from a forward pass. It scores the rows that the privileged
+    pass rescores and no other (here the sibling without PI is left out), and the shifts are privileged minus
+    plain forwards: the sampler's log-probs, moved by +1 nat below, play no part."""
+    trainer, dataset = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_game)
+    steps: list = []
+    weights = trainer.turn_weights
+    monkeypatch.setattr(trainer, "turn_weights", lambda step: steps.append(step) or weights(step))
+    try:
+        _run_step(trainer, dataset, walkthrough_plans(_walkthrough(pick_game), MAX_TURNS, wins=2), monkeypatch)
+    finally:
+        trainer.close()
+    monkeypatch.undo()
+    step = steps[0]
+    monkeypatch.setattr(trainer.args, "bf16", True)
+    plain_rows: list[int] = []
+    score = grpo_module.score_continuations
+    monkeypatch.setattr(grpo_module, "score_continuations", lambda pairs, *a, **k: plain_rows.append(len(pairs)) or score(pairs, *a, **k))
+    recorded: list = []
+    shifts = taspo_module.privileged_token_shifts
+    monkeypatch.setattr(taspo_module, "privileged_token_shifts", lambda *a, **k: recorded.append(shifts(*a, **k)) or recorded[-1])
+    moved = {**step.batch, "sampling_per_token_logps": step.batch["sampling_per_token_logps"] + 1.0}
+    trainer.turn_weights(StepView(step.trajectories, step.advantages, step.rows, moved))
+
+    trajectories, pi = step.trajectories, trainer.last_step.privileged_info
+    assert [bool(text) for text in pi] == [True, True, True, False]
+    # turn layout: one row per turn, so the rescored rows are the turns of the three trajectories with PI
+    assert plain_rows == [sum(t.num_turns for t in trajectories[:3])]
+    assert plain_rows[0] < len(step.rows)
+    assert recorded[0]
+    with torch.no_grad():
+        for (i, t), delta in recorded[0].items():
+            turn = trajectories[i].turns[t]
+            privileged = trainer.chat.first_prompt_ids(privileged_user_text(pi[i], turn.prompt_text))
+            expected = _logprobs(trainer.model, privileged, turn.response_ids) - _logprobs(trainer.model, turn.prompt_ids, turn.response_ids)
+            start, end = turn.action_span
+            assert torch.allclose(delta, expected[start:end].double(), atol=1e-4)
+
+
 def _logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """log pi(response | prompt) token by token, from one plain forward."""
     logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()

@@ -149,16 +149,19 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         active = active_contexts(skill_texts[first : first + local], advantages)
         # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
         # a reference that differed between the two would move the matched turns only.
-        # Only active trajectories are rescored or matched; with none on any process the plain pass (a forward over
-        # every row when the sampler's log-probs can't serve) would be spent on nothing.
+        # Only active trajectories are rescored or matched, so only their rows need the plain side (when the
+        # sampler's log-probs can't serve, a forward over each); with none on any process it costs nothing.
         anyone_active = self._max_over_processes(sum(1 for context in active if context))
-        plain_rows = self._plain_logprobs(step.batch) if anyone_active else torch.empty(0, 0)
-        local_gaps = privileged_token_shifts(
-            rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(len(rescored_rows(rows, active))),
-            action_only=False,
-            batch_size=self.rescore_batch_size,
-        )
+        rescored = rescored_rows(rows, active)
+        rescored_anywhere = self._max_over_processes(len(rescored))
+        with self._scoring_passes():
+            plain_rows = self._plain_logprobs(step, rescored, rescored_anywhere) if anyone_active else torch.empty(0, 0)
+            local_gaps = privileged_token_shifts(
+                rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
+                min_rows=rescored_anywhere,
+                action_only=False,
+                batch_size=self.rescore_batch_size,
+            )
         rescoring_seconds = time.perf_counter() - started
 
         # Decision correspondence over the siblings' turns (A1, A2), from the target's own thinking or, with
@@ -218,13 +221,14 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             if self.args.rectification
             else ([], [])
         )
-        scored = score_continuations(
-            requests,
-            self._snapshot_logprobs,
-            self._tokenizer.pad_token_id,
-            min_rows=self._max_over_processes(len(requests)),
-            batch_size=self.rescore_batch_size,
-        )
+        with self._scoring_passes():
+            scored = score_continuations(
+                requests,
+                self._snapshot_logprobs,
+                self._tokenizer.pad_token_id,
+                min_rows=self._max_over_processes(len(requests)),
+                batch_size=self.rescore_batch_size,
+            )
         gaps: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
         for (i, t, source), logps in zip(owners, scored):
             gaps.setdefault(i, {})[(t, source)] = token_gap(logps, plain_turns.get((i, t), []))

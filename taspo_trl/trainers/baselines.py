@@ -38,6 +38,7 @@ from ..privileged.context import (
 )
 from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
+from ..rollout.layouts import NOT_POLICY
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer, dropout_off
 from .step import StepView
@@ -442,7 +443,8 @@ class BaselineTrainer(AgentGRPOTrainer):
         contexts, step_skills, _ = self._guidance(trajectories, method)
         self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()
-        plain = step.rows.collect(self._plain_logprobs(step.batch))
+        every_row = [r for r, traj in enumerate(step.rows.row_trajectory) if traj != NOT_POLICY]
+        plain = step.rows.collect(self._plain_logprobs(step, every_row, self._max_over_processes(len(every_row))))
         gaps = self._teacher_gaps(trajectories, self._turn_contexts(trajectories, contexts), plain)
         if gaps:
             flat = torch.cat(list(gaps.values()))

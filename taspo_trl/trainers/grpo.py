@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
+from ..privileged.rescoring import score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
@@ -383,29 +384,47 @@ class AgentGRPOTrainer(GRPOTrainer):
             )
         return logps
 
-    def _plain_logprobs(self, batch: dict[str, Any]) -> torch.Tensor:
-        """log pi_old(y | h) of every completion token of ``batch`` (float32 on the CPU, shaped like
+    @contextmanager
+    def _scoring_passes(self) -> Iterator[None]:
+        """One autocast region around a step's scoring forwards (each chunk of ``_snapshot_logprobs`` opens its
+        own inside it). Autocast keeps its bf16/fp16 copy of a weight that requires grad until the outermost region
+        ends, so chunks scored in regions of their own re-cast every weight per chunk: about an eighth of a
+        600-token forward of the 135M model on a CPU. The weights do not change between the passes of a step."""
+        with torch.no_grad(), self.accelerator.autocast():
+            yield
+
+    def _plain_logprobs(self, step: StepView, needed: Sequence[int], min_rows: int = 0) -> torch.Tensor:
+        """log pi_old(y | h) of the completion tokens of ``step.batch`` (float32 on the CPU, shaped like
         ``batch["completion_ids"]``): the ONE plain reference that every privileged, aligned and teacher gap of a
-        step subtracts.
+        step subtracts. Only the rows in ``needed`` are sure to hold values; the others may be NaN.
 
         Those passes score the snapshot through :meth:`_snapshot_logprobs` (this trainer's forward, dropout off),
         so the plain side must be that same forward: any offset between two log-prob sources (vLLM against
         transformers, dropout noise) would otherwise become part of the gaps, and of some gaps only where two of
         them used different sources. TRL's ``old_per_token_logps`` are that forward when TRL computed them and no
         dropout is active; the sampling log-probs are when the transformers backend sampled in full precision (in
-        eval mode, with the same weights). In the remaining cases the rows are scored once more: vLLM's log-probs
-        without a recomputation, a recomputation that ran with dropout, and sampling under bf16/fp16 autocast,
-        whose token-by-token decoding rounds differently from a forward over the whole row."""
+        eval mode, with the same weights). In the remaining cases the ``needed`` rows are scored once more, the way
+        the privileged pass scores them (``score_continuations``: unpadded rows in length-sorted chunks, at least
+        ``min_rows`` forwards so that processes stay in step): vLLM's log-probs without a recomputation, a
+        recomputation that ran with dropout, and sampling under bf16/fp16 autocast, whose token-by-token decoding
+        rounds differently from a forward over the whole row. Rows no gap reads (a failed group's) cost nothing."""
+        batch, rows = step.batch, step.rows
         old = batch.get("old_per_token_logps")
         if old is not None and not _dropout_is_active(self.model):
             return old.float().cpu()
         if old is None and not self.use_vllm and sampling_autocast_dtype(self.args) is None:
             return batch["sampling_per_token_logps"].float().cpu()
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        with torch.no_grad():
-            logps = self._snapshot_logprobs(input_ids, attention_mask, batch["completion_ids"].size(1))
-        return logps.float().cpu()
+        scored = score_continuations(
+            [(rows.prompt_ids[r], rows.completion_ids[r]) for r in needed],
+            self._snapshot_logprobs,
+            self._tokenizer.pad_token_id,
+            min_rows,
+            self.rescore_batch_size,
+        )
+        plain = torch.full(tuple(batch["completion_ids"].shape), float("nan"))
+        for r, logps in zip(needed, scored):
+            plain[r, : len(logps)] = logps
+        return plain
 
     def _get_per_token_logps_and_entropies(
         self,

@@ -106,21 +106,23 @@ class TASPOTrainer(AgentGRPOTrainer):
         usable = [pi if float(a) != 0.0 else "" for pi, a in zip(pi_texts, advantages.tolist())]
 
         started = time.perf_counter()
-        rescored_anywhere = self._max_over_processes(len(rescored_rows(rows, usable)))
-        # Without a rescored row on any process no shift is taken, and the plain pass (a forward over every row
-        # when the sampler's log-probs can't serve) would be spent on nothing: an all-fail step costs its rollout.
-        plain = self._plain_logprobs(step.batch) if rescored_anywhere else torch.empty(0, 0)
-        shifts = privileged_token_shifts(
-            rows,
-            trajectories,
-            usable,
-            self.chat,
-            self._snapshot_logprobs,
-            plain,
-            self._tokenizer.pad_token_id,
-            min_rows=rescored_anywhere,
-            batch_size=self.rescore_batch_size,
-        )
+        rescored = rescored_rows(rows, usable)
+        rescored_anywhere = self._max_over_processes(len(rescored))
+        # The plain side is needed on the rescored rows only (when the sampler's log-probs can't serve, it is a
+        # forward over each); without one on any process an all-fail step costs its rollout.
+        with self._scoring_passes():
+            plain = self._plain_logprobs(step, rescored, rescored_anywhere) if rescored_anywhere else torch.empty(0, 0)
+            shifts = privileged_token_shifts(
+                rows,
+                trajectories,
+                usable,
+                self.chat,
+                self._snapshot_logprobs,
+                plain,
+                self._tokenizer.pad_token_id,
+                min_rows=rescored_anywhere,
+                batch_size=self.rescore_batch_size,
+            )
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
 
         weights: list[list[float | list[float]]] = []
