@@ -80,7 +80,7 @@ def _config(method: str, out_dir: Path, args: argparse.Namespace) -> Any:
         report_to="none",
         save_strategy="no",
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,
         gradient_checkpointing=False,
         seed=args.seed,
         **settings,
@@ -254,6 +254,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=False,
+        help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
+    )
     parser.add_argument("--out", default="outputs/credit_quality", help="folder for credit_quality.json and .png")
     args = parser.parse_args(argv)
     if "grpo" not in args.methods:
