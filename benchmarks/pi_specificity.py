@@ -1,0 +1,126 @@
+"""Does the policy read TASPO's privileged context? Each action's privileged shift (Eq. 3, mean over the action's
+tokens) under its own trajectory's PI, against the shift under the PI of another task.
+
+If the policy reads the guidance, the two disagree: its own PI names this task's objects and steps, another task's
+does not. If the shifts under a foreign PI track those under the trajectory's own (high correlation, similar
+size), the context moves the policy's predictions whatever it says, and TASPO's weights redistribute that
+generic movement rather than the guidance.
+
+The batch is scripted (``credit_quality.py --siblings scripted``: per game two walkthrough wins and two stalling
+failures, scored with the policy's real log-probs), so successes exist for any policy. The foreign PI of a
+trajectory is the one of the trajectory ``--group-size`` places later (the same sibling of the next game).
+
+    python benchmarks/pi_specificity.py                  # the warm-started policy, float32
+    python benchmarks/pi_specificity.py --model <dir> --bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+
+from taspo_trl import TASPOTrainer
+from taspo_trl.envs.alfworld import generate_games
+from taspo_trl.privileged.rescoring import privileged_token_shifts, rescored_rows
+from taspo_trl.trainers.step import StepView
+from taspo_trl.warmstart import resolve_policy_path
+
+DEFAULT_TASK_TYPES = ("look_at_obj_in_light", "pick_and_place_simple", "pick_cool_then_place_in_recep")
+
+
+def _credit_quality() -> Any:
+    """The batch helpers of ``credit_quality.py`` (a script beside this one, not a package)."""
+    spec = importlib.util.spec_from_file_location("credit_quality", Path(__file__).with_name("credit_quality.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def foreign_contexts(contexts: Sequence[str], group_size: int) -> list[str]:
+    """Each non-empty context replaced by the one ``group_size`` places later (cyclically): the same sibling of the
+    next task group. Empty contexts stay empty, so the same trajectories are rescored."""
+    n = len(contexts)
+    return [contexts[(i + group_size) % n] if contexts[i] else "" for i in range(n)]
+
+
+def _action_shifts(trainer: TASPOTrainer, step: StepView, contexts: list[str]) -> dict[tuple[int, int], float]:
+    keep = rescored_rows(step.rows, contexts)
+    with trainer._scoring_passes():
+        plain = trainer._plain_logprobs(step, keep)
+        shifts = privileged_token_shifts(
+            step.rows, step.trajectories, contexts, trainer.chat, trainer._snapshot_logprobs, plain,
+            trainer._tokenizer.pad_token_id, batch_size=trainer.rescore_batch_size,
+        )
+    return {key: float(values.mean()) for key, values in shifts.items()}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded:smollm2-135m-alfworld")
+    parser.add_argument("--task-types", nargs="+", default=list(DEFAULT_TASK_TYPES), help="one game each; at least 2")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=12)
+    parser.add_argument("--max-completion-length", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
+    args = parser.parse_args(argv)
+    if len(args.task_types) < 2:
+        parser.error("--task-types needs at least 2 families: a foreign PI comes from another task")
+    args.siblings = "scripted"
+    cq = _credit_quality()
+
+    model = resolve_policy_path(args.model)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_dir = Path(tmp)
+        games = generate_games(tmp_dir / "games", 1, args.seed, "train", task_types=args.task_types)
+        rows, plans = cq._rows(games, args)
+        trainer = TASPOTrainer(model=model, args=cq._config("taspo", tmp_dir, args), train_dataset=Dataset.from_list(rows))
+        trainer.model.train()
+        try:
+            seen, _ = cq._play(trainer, rows, plans)
+            step: StepView = seen["step"]
+            own_pi = [
+                text if float(a) != 0.0 else ""
+                for text, a in zip(trainer.last_step.privileged_info, step.advantages.tolist(), strict=True)
+            ]
+            own = _action_shifts(trainer, step, own_pi)
+            other = _action_shifts(trainer, step, foreign_contexts(own_pi, args.group_size))
+        finally:
+            trainer.close()
+
+    keys = sorted(set(own) & set(other))
+    a = torch.tensor([own[k] for k in keys], dtype=torch.float64)
+    b = torch.tensor([other[k] for k in keys], dtype=torch.float64)
+    trajectories = step.trajectories
+    results = {
+        "settings": {**vars(args), "model_path": model},
+        "actions": len(keys),
+        "mean_abs_shift_own_pi": a.abs().mean().item(),
+        "mean_abs_shift_foreign_pi": b.abs().mean().item(),
+        "correlation": torch.corrcoef(torch.stack([a, b]))[0, 1].item() if len(keys) > 1 else None,
+        "shifts": [
+            {"trajectory": i, "turn": t, "won": trajectories[i].won, "action": trajectories[i].turns[t].action,
+             "own_pi": own[(i, t)], "foreign_pi": other[(i, t)]}
+            for i, t in keys
+        ],
+        "privileged_info": own_pi,
+    }
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "pi_specificity.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(f"{len(keys)} actions: mean |shift| {results['mean_abs_shift_own_pi']:.4f} under their own PI, "
+          f"{results['mean_abs_shift_foreign_pi']:.4f} under another task's; correlation {results['correlation']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
