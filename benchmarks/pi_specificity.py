@@ -29,7 +29,6 @@ from datasets import Dataset
 
 from taspo_trl import TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games
-from taspo_trl.privileged.rescoring import privileged_token_shifts, rescored_rows
 from taspo_trl.trainers.step import StepView
 from taspo_trl.warmstart import resolve_policy_path
 
@@ -52,13 +51,7 @@ def foreign_contexts(contexts: Sequence[str], group_size: int) -> list[str]:
 
 
 def _action_shifts(trainer: TASPOTrainer, step: StepView, contexts: list[str]) -> dict[tuple[int, int], float]:
-    keep = rescored_rows(step.rows, contexts)
-    with trainer._scoring_passes():
-        plain = trainer._plain_logprobs(step, keep)
-        shifts = privileged_token_shifts(
-            step.rows, step.trajectories, contexts, trainer.chat, trainer._snapshot_logprobs, plain,
-            trainer._tokenizer.pad_token_id, batch_size=trainer.rescore_batch_size,
-        )
+    shifts, _ = trainer._privileged_shifts(step, contexts)
     return {key: float(values.mean()) for key, values in shifts.items()}
 
 

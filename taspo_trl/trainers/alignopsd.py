@@ -48,7 +48,7 @@ from ..privileged.alignment import (
 )
 from ..privileged.decisions import think_text
 from ..privileged.encoder import get_encoder
-from ..privileged.rescoring import privileged_prompt_ids, privileged_token_shifts, rescored_rows, score_continuations
+from ..privileged.rescoring import privileged_prompt_ids, score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.generation import generator_for_trainer
 from ..rollout.records import Trajectory
@@ -149,19 +149,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         active = active_contexts(skill_texts[first : first + local], advantages)
         # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
         # a reference that differed between the two would move the matched turns only.
-        # Only active trajectories are rescored or matched, so only their rows need the plain side (when the
-        # sampler's log-probs can't serve, a forward over each); with none on any process it costs nothing.
-        anyone_active = self._max_over_processes(sum(1 for context in active if context))
-        rescored = rescored_rows(rows, active)
-        rescored_anywhere = self._max_over_processes(len(rescored))
-        with self._scoring_passes():
-            plain_rows = self._plain_logprobs(step, rescored, rescored_anywhere) if anyone_active else torch.empty(0, 0)
-            local_gaps = privileged_token_shifts(
-                rows, trajectories, active, self.chat, self._snapshot_logprobs, plain_rows, self._tokenizer.pad_token_id,
-                min_rows=rescored_anywhere,
-                action_only=False,
-                batch_size=self.rescore_batch_size,
-            )
+        # Only active trajectories are rescored or matched, so only their rows need the plain side.
+        local_gaps, plain = self._privileged_shifts(step, active, action_only=False)
         rescoring_seconds = time.perf_counter() - started
 
         # Decision correspondence over the siblings' turns (A1, A2), from the target's own thinking or, with
@@ -176,7 +165,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
         started = time.perf_counter()
         aligned_gaps, aligned_views = self._aligned_gaps(
-            correspondences, trajectories, everything, skill_texts, rows.collect(plain_rows) if anyone_active else {}
+            correspondences, trajectories, everything, skill_texts, rows.collect(plain)
         )
         rescoring_seconds += time.perf_counter() - started
 

@@ -45,7 +45,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
-from ..privileged.rescoring import score_continuations
+from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
@@ -425,6 +425,32 @@ class AgentGRPOTrainer(GRPOTrainer):
         for r, logps in zip(needed, scored):
             plain[r, : len(logps)] = logps
         return plain
+
+    def _privileged_shifts(
+        self, step: StepView, contexts: Sequence[str], action_only: bool = True
+    ) -> tuple[dict[tuple[int, int], torch.Tensor], torch.Tensor]:
+        """Eq. 3 shifts of every turn whose trajectory has a non-empty entry in ``contexts`` (``privileged_token_shifts``:
+        the action span, or the whole response with ``action_only=False``), and the plain log-probs they subtract.
+
+        Both passes cover the rescored rows only, in one autocast region, with as many forwards on every process;
+        without a rescored row anywhere (an all-fail step) neither runs a forward."""
+        rescored = rescored_rows(step.rows, contexts)
+        rescored_anywhere = self._max_over_processes(len(rescored))
+        with self._scoring_passes():
+            plain = self._plain_logprobs(step, rescored, rescored_anywhere)
+            shifts = privileged_token_shifts(
+                step.rows,
+                step.trajectories,
+                contexts,
+                self.chat,
+                self._snapshot_logprobs,
+                plain,
+                self._tokenizer.pad_token_id,
+                min_rows=rescored_anywhere,
+                action_only=action_only,
+                batch_size=self.rescore_batch_size,
+            )
+        return shifts, plain
 
     def _get_per_token_logps_and_entropies(
         self,

@@ -26,7 +26,6 @@ from ..privileged.context import (
     configured_skill_lookup,
     make_analyzer,
 )
-from ..privileged.rescoring import privileged_token_shifts, rescored_rows
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer
 from .step import StepView
@@ -98,7 +97,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         """TASPO's weight of each turn: Eq. 4-6 on the privileged shifts of its action, or 1 (the A.3 fallbacks).
         ``last_step`` keeps the PI and the weights."""
         args = self.args
-        trajectories, advantages, rows = step.trajectories, step.advantages, step.rows
+        trajectories, advantages = step.trajectories, step.advantages
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
 
@@ -106,23 +105,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         usable = [pi if float(a) != 0.0 else "" for pi, a in zip(pi_texts, advantages.tolist())]
 
         started = time.perf_counter()
-        rescored = rescored_rows(rows, usable)
-        rescored_anywhere = self._max_over_processes(len(rescored))
-        # The plain side is needed on the rescored rows only (when the sampler's log-probs can't serve, it is a
-        # forward over each); without one on any process an all-fail step costs its rollout.
-        with self._scoring_passes():
-            plain = self._plain_logprobs(step, rescored, rescored_anywhere) if rescored_anywhere else torch.empty(0, 0)
-            shifts = privileged_token_shifts(
-                rows,
-                trajectories,
-                usable,
-                self.chat,
-                self._snapshot_logprobs,
-                plain,
-                self._tokenizer.pad_token_id,
-                min_rows=rescored_anywhere,
-                batch_size=self.rescore_batch_size,
-            )
+        shifts, _ = self._privileged_shifts(step, usable)
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
 
         weights: list[list[float | list[float]]] = []
