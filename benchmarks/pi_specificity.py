@@ -4,7 +4,9 @@ tokens) under its own trajectory's PI, against the shift under the PI of another
 If the policy reads the guidance, the two disagree: its own PI names this task's objects and steps, another task's
 does not. If the shifts under a foreign PI track those under the trajectory's own (high correlation, similar
 size), the context moves the policy's predictions whatever it says, and TASPO's weights redistribute that
-generic movement rather than the guidance.
+generic movement rather than the guidance. A policy that reads it also raises the actions its PI quotes (the
+rule-based analyzer's statements quote the commands, e.g. ``("take cd 1 from drawer 4")``) more than the others:
+the JSON splits the mean shifts by whether the own PI quotes the action.
 
 The batch is scripted (``credit_quality.py --siblings scripted``: per game two walkthrough wins and two stalling
 failures, scored with the policy's real log-probs), so successes exist for any policy. The foreign PI of a
@@ -12,6 +14,7 @@ trajectory is the one of the trajectory ``--group-size`` places later (the same 
 
     python benchmarks/pi_specificity.py                  # the warm-started policy, float32
     python benchmarks/pi_specificity.py --model <dir> --bf16
+    python benchmarks/pi_specificity.py --split eval_unseen  # rooms and objects the warm start never saw
 """
 
 from __future__ import annotations
@@ -55,6 +58,16 @@ def _action_shifts(trainer: TASPOTrainer, step: StepView, contexts: list[str]) -
     return {key: float(values.mean()) for key, values in shifts.items()}
 
 
+def quoted(action: str, context: str) -> bool:
+    """Whether ``context`` quotes ``action`` as a command (the rule-based analyzer writes ``("go to drawer 4")``)."""
+    return bool(action) and f'"{action}"' in context
+
+
+def _mean(values: torch.Tensor, mask: list[bool], wanted: bool) -> float | None:
+    picked = [v for v, m in zip(values.tolist(), mask, strict=True) if m == wanted]
+    return sum(picked) / len(picked) if picked else None
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded:smollm2-135m-alfworld")
@@ -63,6 +76,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-turns", type=int, default=12)
     parser.add_argument("--max-completion-length", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default="train", choices=("train", "eval_seen", "eval_unseen"),
+                        help="games to script (train: the warm start's own games at seed 0)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
     args = parser.parse_args(argv)
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = resolve_policy_path(args.model)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
-        games = generate_games(tmp_dir / "games", 1, args.seed, "train", task_types=args.task_types)
+        games = generate_games(tmp_dir / "games", 1, args.seed, args.split, task_types=args.task_types)
         rows, plans = cq._rows(games, args)
         trainer = TASPOTrainer(model=model, args=cq._config("taspo", tmp_dir, args), train_dataset=Dataset.from_list(rows))
         trainer.model.train()
@@ -94,16 +109,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = torch.tensor([own[k] for k in keys], dtype=torch.float64)
     b = torch.tensor([other[k] for k in keys], dtype=torch.float64)
     trajectories = step.trajectories
+    named = [quoted(trajectories[i].turns[t].action, own_pi[i]) for i, t in keys]
     results = {
         "settings": {**vars(args), "model_path": model},
         "actions": len(keys),
         "mean_abs_shift_own_pi": a.abs().mean().item(),
         "mean_abs_shift_foreign_pi": b.abs().mean().item(),
         "correlation": torch.corrcoef(torch.stack([a, b]))[0, 1].item() if len(keys) > 1 else None,
+        "quoted_actions": sum(named),
+        "mean_shift_own_pi": {"quoted": _mean(a, named, True), "not_quoted": _mean(a, named, False)},
+        "mean_shift_foreign_pi": {"quoted": _mean(b, named, True), "not_quoted": _mean(b, named, False)},
         "shifts": [
             {"trajectory": i, "turn": t, "won": trajectories[i].won, "action": trajectories[i].turns[t].action,
-             "own_pi": own[(i, t)], "foreign_pi": other[(i, t)]}
-            for i, t in keys
+             "quoted": q, "own_pi": own[(i, t)], "foreign_pi": other[(i, t)]}
+            for (i, t), q in zip(keys, named, strict=True)
         ],
         "privileged_info": own_pi,
     }
@@ -112,6 +131,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out_dir / "pi_specificity.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"{len(keys)} actions: mean |shift| {results['mean_abs_shift_own_pi']:.4f} under their own PI, "
           f"{results['mean_abs_shift_foreign_pi']:.4f} under another task's; correlation {results['correlation']}")
+    own_means, foreign_means = results["mean_shift_own_pi"], results["mean_shift_foreign_pi"]
+    print(f"mean shift of the {sum(named)} actions their own PI quotes: {own_means['quoted']} (under another task's "
+          f"PI: {foreign_means['quoted']}); of the other {len(named) - sum(named)}: {own_means['not_quoted']} "
+          f"({foreign_means['not_quoted']})")
     return results
 
 

@@ -27,19 +27,23 @@ from pathlib import Path
 from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
 
 _FINGERPRINT_FILE = "warm_start.json"
-# Modules whose code decides the demonstrations (games, expert, prompts) and so the trained weights.
+# Modules whose code decides the demonstrations (games, expert, prompts, privileged contexts) and so the weights.
 _DATA_MODULES = (
     "envs/alfworld/generator.py",
     "envs/alfworld/env.py",
     "envs/alfworld/expert.py",
     "envs/base.py",
+    "privileged/analyzers.py",
+    "privileged/builder.py",
+    "privileged/protocol.py",
+    "privileged/rescoring.py",
     "rollout/chat.py",
     "rollout/demonstrations.py",
     "rollout/loop.py",
     "trainers/sft.py",
 )
 # Bump when ``train_warm_start`` changes how it trains (its settings beyond ``WarmStart``'s fields).
-_BUILD_VERSION = 1
+_BUILD_VERSION = 2
 _VERSIONED_PACKAGES = ("torch", "transformers", "trl", "textworld", "alfworld")
 
 
@@ -62,6 +66,9 @@ class WarmStart:
     """ALFWorld families to generate games for (``None``: all six)."""
     demonstrations_per_task: int = 1
     """Expert episodes per game (``AgentSFTConfig.demonstrations_per_task``)."""
+    pi_episodes: int = 0
+    """Of those, informed episodes with the privileged context in the prompt
+    (``AgentSFTConfig.demonstration_pi_episodes``)."""
     mistake_rate: float = 0.0
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
     wander_rate: float = 0.0
@@ -97,7 +104,10 @@ WARM_STARTS: dict[str, WarmStart] = {
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
-        demonstrations_per_task=3,
+        # Three searching episodes per game, and one informed episode with TASPO's privileged context in every
+        # prompt, so the policy learns to act on P_i and the privileged pass moves the actions P_i names.
+        demonstrations_per_task=4,
+        pi_episodes=1,
         mistake_rate=0.15,
         # Half the layers fixed (1.5x faster steps) and bf16 autocast (1.6x faster again on a CPU with bfloat16
         # instructions) buy the fourth epoch within the 10-minute build.
@@ -213,10 +223,14 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         warmup_steps=0.1,
         per_device_train_batch_size=spec.per_device_train_batch_size,
         gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        # Rows with the privileged context are ~170 tokens longer; in random batches most batches would hold one
+        # and pad every other row to it. Grouping by length (within random groups of a few steps) avoids that.
+        train_sampling_strategy="group_by_length",
         max_length=None,
         activation_checkpointing=False,  # TRL turns it on; a 135M model fits without, and it costs a third more compute
         seed=spec.seed,
         demonstrations_per_task=spec.demonstrations_per_task,
+        demonstration_pi_episodes=spec.pi_episodes,
         demonstration_mistake_rate=spec.mistake_rate,
         demonstration_wander_rate=spec.wander_rate,
         frozen_layers=spec.frozen_layers,

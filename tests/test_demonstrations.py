@@ -290,3 +290,49 @@ def test_random_commands_are_recovered_from_and_not_trained_on(alfworld_specs, e
     for trajectory, mistakes in demonstrations:
         assert _replay_wins("alfworld", trajectory.task_spec, _actions(trajectory, multi_tag=False))
         assert all(trajectory.turns[t].response_text not in completions for t in mistakes)
+
+
+def test_an_informed_alfworld_expert_plays_the_planners_walkthrough(alfworld_specs):
+    """Told where things are, the expert searches nowhere first: at any seed, in every family, its commands are
+    the planner's walkthrough stored in the game, command for command, up to which instance of the wanted kind it
+    takes where several lie together (ALFWorld goals name kinds)."""
+    def kinds(actions: list[str]) -> list[str]:
+        return [re.sub(r" \d+ (from|to|with) ", r" \1 ", a) for a in actions]
+
+    env_factory, expert = get_env_factory("alfworld"), get_expert_factory("alfworld")
+    for spec in alfworld_specs:
+        env = env_factory(dict(spec))
+        env.reset()
+        walkthrough = list(env.walkthrough)
+        env.close()
+        for seed in range(4):
+            responses, won, _ = play_expert(spec, env_factory, expert, random.Random(seed), informed=True)
+            played = [_BLOCK.match(r)["action"] for r in responses]
+            assert won and kinds(played) == kinds(walkthrough), (spec["task_type"], seed, played, walkthrough)
+
+
+def test_informed_episodes_carry_their_siblings_privileged_context(alfworld_specs, embedded_tokenizer, tmp_path):
+    """demonstration_pi_episodes: the plain episodes are those of a run without it, row for row; each informed
+    episode's rows have TASPO's P_i in front of the user message, exactly as the privileged pass puts it, and P_i
+    quotes the commands the informed expert then plays (it was built from siblings that played them too)."""
+    from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
+
+    rows = [dict(spec) for spec in alfworld_specs[:3]]
+    settings = dict(output_dir=str(tmp_path), history_window=1, demonstration_mistake_rate=0.15, use_cpu=True,
+                    report_to="none")
+    plain = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(**settings, demonstrations_per_task=2))
+    mixed = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstrations_per_task=3, demonstration_pi_episodes=1))
+    assert mixed.to_list()[: len(plain)] == plain.to_list()
+    guided = mixed.to_list()[len(plain):]
+    assert guided
+    with_pi = [row for row in guided if row["prompt"][0]["content"].startswith("[Privileged Guidance]")]
+    assert len(with_pi) >= len(guided) // 2
+    for row in with_pi:
+        context, user = row["prompt"][0]["content"].split("[End Privileged Guidance]\n\n")
+        assert user.startswith("You are an expert agent") and "[Privileged" not in user
+        action = _BLOCK.match(row["completion"][0]["content"])["action"]
+        if action.startswith(("take ", "move ", "use ", "clean ", "heat ", "cool ")):
+            assert f'"{action}"' in context, (action, context)
+    with pytest.raises(ValueError, match="demonstration_pi_episodes must be at least 0 and below"):
+        AgentSFTConfig(**settings, demonstrations_per_task=2, demonstration_pi_episodes=2)

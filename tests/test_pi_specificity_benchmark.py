@@ -33,3 +33,12 @@ def test_smoke(pi_specificity, tiny_model_dir, tmp_path):
     assert json.loads((out / "pi_specificity.json").read_text()) == json.loads(json.dumps(results))
     assert results["actions"] == len(results["shifts"]) > 0
     assert all(s["won"] for s in results["shifts"] if s["trajectory"] % 4 < 2)  # the walkthrough siblings win
+
+
+def test_an_action_is_quoted_only_as_a_whole_command(pi_specificity):
+    context = '- Go to the drawer before you take the cd ("go to drawer 4").\n- Required: "take cd 1 from drawer 4".'
+    assert pi_specificity.quoted("go to drawer 4", context)
+    assert pi_specificity.quoted("take cd 1 from drawer 4", context)
+    assert not pi_specificity.quoted("go to drawer 40", context)
+    assert not pi_specificity.quoted("drawer 4", context)  # a fragment of a quoted command is not quoted
+    assert not pi_specificity.quoted("", context) and not pi_specificity.quoted("go to drawer 4", "")

@@ -175,7 +175,7 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir,
 
     # The tiny model has 2 layers; one expert episode per game keeps the test short.
     argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + [
-        "--max_steps", "1", "--frozen_layers", "1", "--demonstrations_per_task", "1",
+        "--max_steps", "1", "--frozen_layers", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
     ]
     at = argv.index("--use_vllm")
     del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
@@ -202,6 +202,7 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
                 "frozen_layers", "bf16"):
         assert data[key] == getattr(spec, key), key
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
+    assert data.get("demonstration_pi_episodes", 0) == spec.pi_episodes
     quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())
     assert quickstart["model_name_or_path"] == "embedded:smollm2-135m-alfworld"
     assert quickstart["history_window"] == spec.history_window and quickstart["layout"] == spec.layout

@@ -25,7 +25,10 @@ class Expert(Protocol):
 
 
 ExpertFactory = Callable[[Mapping[str, Any], AgentEnv], Expert]
-"""Builds the expert of one episode from its task spec and its environment (freshly reset)."""
+"""Builds the expert of one episode from its task spec and its environment (freshly reset). A factory may also take
+``informed=True``: an expert that acts as if told where things are, as TASPO's privileged context tells the policy
+(the ALFWorld expert then searches nowhere first); the ``sft`` warm start's privileged-context demonstrations
+(``AgentSFTConfig.demonstration_pi_episodes``) need it."""
 
 
 def _alfworld() -> EnvFactory:

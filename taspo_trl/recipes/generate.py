@@ -170,6 +170,7 @@ def sft_quickstart(env: str) -> str:
             "environment: alfworld", "games_dir: outputs/alfworld_games/sft", f"games_per_type: {spec.games_per_type}",
             f"games_seed: {spec.games_seed}", "games_split: train",
             f"demonstrations_per_task: {spec.demonstrations_per_task}",
+            f"demonstration_pi_episodes: {spec.pi_episodes}  # of those, informed ones with TASPO's privileged context",
             f"demonstration_mistake_rate: {spec.mistake_rate}",
         ]
         prompt = [f"layout: {spec.layout}", f"history_window: {spec.history_window}"]
@@ -178,6 +179,7 @@ def sft_quickstart(env: str) -> str:
             f"per_device_train_batch_size: {spec.per_device_train_batch_size}",
             f"gradient_accumulation_steps: {spec.gradient_accumulation_steps}", f"seed: {spec.seed}",
             f"frozen_layers: {spec.frozen_layers}  # embeddings and the lowest layers fixed: faster steps on a CPU",
+            "train_sampling_strategy: group_by_length  # the rows with privileged context are longer: less padding",
         ]
     else:
         block = quickstart_env_block(env)

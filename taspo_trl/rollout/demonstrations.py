@@ -61,7 +61,7 @@ class ExpertEpisode(NamedTuple):
 
 def play_expert(
     spec: Mapping[str, Any], env_factory: EnvFactory, expert_factory: ExpertFactory, rng: random.Random,
-    max_turns: int | None = None, mistake_rate: float = 0.0, wander_rate: float = 0.0,
+    max_turns: int | None = None, mistake_rate: float = 0.0, wander_rate: float = 0.0, informed: bool = False,
 ) -> ExpertEpisode:
     """One expert episode of ``spec``.
 
@@ -72,11 +72,13 @@ def play_expert(
     With ``wander_rate`` > 0, a turn that is not a repeat plays a random admissible command with that probability
     (never twice in a row): a wrong object taken, a wrong place visited, the object put down elsewhere. The
     expert follows it (``observe``; the ALFWorld expert has it) and recovers. Both kinds count as mistakes.
+
+    ``informed`` builds the expert with ``informed=True`` (see ``taspo_trl.envs.ExpertFactory``).
     """
     env = env_factory(dict(spec))
     try:
         observation = env.reset()
-        expert = expert_factory(spec, env)
+        expert = expert_factory(spec, env, informed=True) if informed else expert_factory(spec, env)
         tags = tuple(getattr(env, "action_tags", None) or (env.action_tag,))
         limit = min(env.max_turns, max_turns or env.max_turns)
         responses: list[str] = []
@@ -163,6 +165,7 @@ def expert_demonstrations(
     seed: int = 0,
     mistake_rate: float = 0.0,
     wander_rate: float = 0.0,
+    informed: bool = False,
 ) -> list[Demonstration]:
     """Winning expert trajectories of ``specs``, recorded by the real agent loop (prompt and response ids and
     texts per turn), in input order, each with its injected mistakes; tasks the expert does not win are left
@@ -179,10 +182,14 @@ def expert_demonstrations(
             ``demonstration_dataset`` trains on the recoveries from those turns, never on the mistakes.
         wander_rate: per-turn probability of an injected random admissible command (see ``play_expert``),
             treated like a mistake.
+        informed: play with experts that know where things are (``play_expert``).
     """
     env_factory, expert_factory = _factories(environment, env_factory, expert_factory)
     rng = random.Random(seed)
-    played = [play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate) for spec in specs]
+    played = [
+        play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate, informed)
+        for spec in specs
+    ]
     kept = [i for i, episode in enumerate(played) if episode.won]
     for i in sorted(set(range(len(specs))) - set(kept)):
         logger.warning("the expert did not win task %d (%s) within the turn limit; no demonstration for it",

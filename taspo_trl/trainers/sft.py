@@ -16,8 +16,11 @@ model from the same dataset when `frozen_layers` is 0.
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import trl.trainer.utils as trl_utils
@@ -25,11 +28,15 @@ from trl import SFTConfig, SFTTrainer
 
 from ..envs import get_env_factory
 from ..envs.base import PromptTemplate, task_spec_from_row
+from ..privileged.analyzers import RuleBasedAnalyzer
+from ..privileged.builder import build_group_pi
+from ..privileged.rescoring import privileged_user_text
 from ..rollout.chat import ChatFormat
-from ..rollout.demonstrations import demonstration_dataset, expert_demonstrations, relabelled_dataset
+from ..rollout.demonstrations import Demonstration, demonstration_dataset, expert_demonstrations, relabelled_dataset
 from ..rollout.env_pool import EnvPool
 from ..rollout.generation import TransformersGenerator
 from ..rollout.loop import LAYOUTS, run_agent_loop
+from ..rollout.records import Trajectory
 from .grpo import adopt_activation_checkpointing
 
 
@@ -64,6 +71,14 @@ class AgentSFTConfig(SFTConfig):
             Per-turn probability that an expert episode plays a random admissible command instead (ALFWorld: a
             wrong object taken, a wrong receptacle visited); the expert follows it and the model trains on the
             recovery, not on the random command. Needs an expert with `observe` (the ALFWorld one).
+        demonstration_pi_episodes (`int`, defaults to `0`):
+            Of the `demonstrations_per_task` episodes per task, how many are played by an informed expert (one that
+            knows where things are: the ALFWorld expert then searches nowhere first) with TASPO's privileged
+            context $P_i$ in front of every prompt, as the privileged pass shows it. $P_i$ comes from the task's
+            plain demonstrations, through the rule-based analyzer's Eq. 2 pipeline, as from an RL group whose
+            siblings won. A small model does not follow guidance it has never seen; these rows teach it to, so
+            that TASPO's Eq. 3 shifts rise on the actions $P_i$ names instead of moving with any prefix
+            (`benchmarks/pi_specificity.py` measures which). Must be below `demonstrations_per_task`.
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
@@ -84,6 +99,9 @@ class AgentSFTConfig(SFTConfig):
     demonstration_wander_rate: float = field(
         default=0.0, metadata={"help": "Per-turn probability of a random command the expert recovers from."}
     )
+    demonstration_pi_episodes: int = field(
+        default=0, metadata={"help": "Informed expert episodes per task with the privileged context in the prompt."}
+    )
     frozen_layers: int = field(
         default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
     )
@@ -98,6 +116,12 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(f"demonstration_mistake_rate must be in [0, 1), got {self.demonstration_mistake_rate}.")
         if not 0.0 <= self.demonstration_wander_rate < 1.0:
             raise ValueError(f"demonstration_wander_rate must be in [0, 1), got {self.demonstration_wander_rate}.")
+        if not 0 <= self.demonstration_pi_episodes < self.demonstrations_per_task:
+            raise ValueError(
+                f"demonstration_pi_episodes must be at least 0 and below demonstrations_per_task="
+                f"{self.demonstrations_per_task} (the privileged context comes from the task's plain episodes), got "
+                f"{self.demonstration_pi_episodes}; raise demonstrations_per_task or lower it."
+            )
         if self.frozen_layers < 0:
             raise ValueError(f"frozen_layers must be at least 0, got {self.frozen_layers}.")
         if self.layout not in LAYOUTS:
@@ -105,20 +129,58 @@ class AgentSFTConfig(SFTConfig):
 
 
 def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, config: AgentSFTConfig) -> Any:
-    """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``."""
-    demonstrations = expert_demonstrations(
-        [task_spec_from_row(row) for row in rows for _ in range(config.demonstrations_per_task)],
-        tokenizer,
+    """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``: per task,
+    ``demonstrations_per_task - demonstration_pi_episodes`` plain episodes, then ``demonstration_pi_episodes``
+    informed ones with the privileged context their plain siblings give in every prompt."""
+    from datasets import Dataset, concatenate_datasets
+
+    specs = [task_spec_from_row(row) for row in rows]
+    play = partial(
+        expert_demonstrations,
+        tokenizer=tokenizer,
         environment=config.environment,
         layout=config.layout,
         history_window=config.history_window,
         max_turns=config.max_turns,
         max_prompt_tokens=config.max_prompt_tokens,
-        seed=config.demonstration_seed,
         mistake_rate=config.demonstration_mistake_rate,
         wander_rate=config.demonstration_wander_rate,
     )
-    return demonstration_dataset(demonstrations, config.layout).select_columns(["prompt", "completion"])
+    plain_per_task = config.demonstrations_per_task - config.demonstration_pi_episodes
+    plain = play([spec for spec in specs for _ in range(plain_per_task)], seed=config.demonstration_seed)
+    datasets = [demonstration_dataset(plain, config.layout)]
+    if config.demonstration_pi_episodes:
+        informed = play(
+            [spec for spec in specs for _ in range(config.demonstration_pi_episodes)],
+            seed=config.demonstration_seed + 1, informed=True,
+        )
+        guided = []
+        for demonstration, context in zip(informed, sibling_contexts(informed, plain, tokenizer), strict=True):
+            for row in demonstration_dataset([demonstration], config.layout).to_list():
+                if context:  # P_i goes in front of the first user message, as privileged_prompt_ids puts it
+                    row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
+                guided.append(row)
+        datasets.append(Dataset.from_list(guided))
+    return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
+
+
+def sibling_contexts(targets: Sequence[Demonstration], siblings: Sequence[Demonstration], tokenizer: Any) -> list[str]:
+    """TASPO's privileged context P_i (Eq. 2, ``aligned`` source, rule-based analyzer, default budgets) of each
+    target demonstration, in a group made of it and the ``siblings`` of the same task; "" where no sibling of its
+    task won."""
+    analyzer = RuleBasedAnalyzer()
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for sibling in siblings:
+        by_task[_task_key(sibling.trajectory)].append(sibling.trajectory)
+    contexts = []
+    for target in targets:
+        group = [*by_task[_task_key(target.trajectory)], target.trajectory]
+        contexts.append(build_group_pi(group, analyzer, tokenizer).texts[-1])
+    return contexts
+
+
+def _task_key(trajectory: Trajectory) -> str:
+    return json.dumps(trajectory.task_spec, sort_keys=True, default=str)
 
 
 def relabelled_sft_dataset(

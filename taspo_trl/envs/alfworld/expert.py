@@ -6,7 +6,8 @@ game shows instead:
 
 - **fetch**: visit receptacles one by one (opening closed ones) until the wanted kind of object is in view, then
   take it. Before the walkthrough's source it may visit up to ``MAX_DETOURS`` other receptacles, drawn by the
-  episode's RNG, so the demonstrations show what to do when the object is not there;
+  episode's RNG, so the demonstrations show what to do when the object is not there. An ``informed`` expert
+  makes no detour: it acts as an agent told where things are (TASPO's privileged context names the places);
 - **treat**: go to the sink, microwave or fridge the walkthrough uses and clean, heat or cool the object;
 - **place**: go to the target receptacle, open it if closed, put the object in;
 - **use**: go to the lamp the walkthrough uses and switch it on.
@@ -63,16 +64,18 @@ class ALFWorldExpert:
     turn from reset on, with what the game showed before the turn.
 
     The walkthrough gives the task's structure (what to fetch, how often, what to treat it with, where it goes);
-    the commands come from the game's admissible list at each turn.
+    the commands come from the game's admissible list at each turn. With ``informed=True`` it searches nowhere
+    before the walkthrough's sources.
     """
 
-    def __init__(self, spec: Mapping[str, Any], env: Any) -> None:
+    def __init__(self, spec: Mapping[str, Any], env: Any, informed: bool = False) -> None:
         if not getattr(env, "walkthrough", None):
             raise ValueError(
                 f"ALFWorld game {spec.get('game_file')} has no stored walkthrough, so it has no expert; generate "
                 "games with `taspo-alfworld generate` (each generated game stores the planner's walkthrough)."
             )
         self.goal = env.task.rstrip(". ")
+        self.informed = informed
         self.sources: list[str] = []  # the walkthrough's receptacle of each object it takes
         self.treat: tuple[str, str] | None = None  # (verb, receptacle)
         self.lamp: tuple[str, str] | None = None  # (lamp, the receptacle it stands on)
@@ -199,7 +202,7 @@ class ALFWorldExpert:
             m["recep"] for c in commands
             if (m := _GO.match(c)) and m["recep"] not in avoid and may_hold(m["recep"], self.kind)
         ]
-        detours = rng.choices(range(MAX_DETOURS + 1), weights=DETOUR_WEIGHTS)[0]
+        detours = 0 if self.informed else rng.choices(range(MAX_DETOURS + 1), weights=DETOUR_WEIGHTS)[0]
         return rng.sample(others, min(detours, len(others))) + list(dict.fromkeys(planned))
 
     def _place(self, commands: list[str], rng: random.Random) -> tuple[str, str]:
