@@ -69,6 +69,9 @@ class WarmStart:
     pi_episodes: int = 0
     """Of those, informed episodes with the privileged context in the prompt
     (``AgentSFTConfig.demonstration_pi_episodes``)."""
+    pi_games_per_type: int = 0
+    """More train games per family (generated with seed ``games_seed + 1``) that the SFT sees only as one informed
+    episode each with the privileged context in every prompt (``taspo_trl.trainers.sft.guided_sft_dataset``)."""
     mistake_rate: float = 0.0
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
     wander_rate: float = 0.0
@@ -207,7 +210,13 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
 
     from .envs.alfworld import generate_games, task_spec_rows
     from .models import prepare_tokenizer
-    from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset, relabelled_sft_dataset
+    from .trainers.sft import (
+        AgentSFTConfig,
+        AgentSFTTrainer,
+        demonstration_sft_dataset,
+        guided_sft_dataset,
+        relabelled_sft_dataset,
+    )
 
     base = resolve_model_path(spec.base_model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base))
@@ -243,6 +252,11 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
     config = AgentSFTConfig(**settings, num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
     rows = task_spec_rows(files)
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
+    if spec.pi_games_per_type:
+        guided_games = generate_games(games_dir / "guided", spec.pi_games_per_type, spec.games_seed + 1, "train",
+                                      task_types=task_types)
+        guided = guided_sft_dataset(task_spec_rows(guided_games), tokenizer, config)
+        dataset = concatenate_datasets([dataset, guided]).shuffle(seed=spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()

@@ -336,3 +336,22 @@ def test_informed_episodes_carry_their_siblings_privileged_context(alfworld_spec
             assert f'"{action}"' in context, (action, context)
     with pytest.raises(ValueError, match="demonstration_pi_episodes must be at least 0 and below"):
         AgentSFTConfig(**settings, demonstrations_per_task=2, demonstration_pi_episodes=2)
+
+
+def test_guided_rows_hold_informed_episodes_only(alfworld_specs, embedded_tokenizer, tmp_path):
+    """guided_sft_dataset: one row per turn of the informed episodes (the walkthrough's length, injected repeats
+    left out), none from the searching siblings that P_i was built from; every row that has P_i has it in front."""
+    from taspo_trl.trainers.sft import AgentSFTConfig, guided_sft_dataset
+
+    specs = [s for s in alfworld_specs if s["task_type"] in ("pick_and_place_simple", "look_at_obj_in_light")]
+    config = AgentSFTConfig(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none")
+    rows = guided_sft_dataset([dict(s) for s in specs], embedded_tokenizer, config).to_list()
+    walkthroughs = 0
+    for spec in specs:
+        env = get_env_factory("alfworld")(dict(spec))
+        env.reset()
+        walkthroughs += len(env.walkthrough)
+        env.close()
+    assert len(rows) == walkthroughs
+    contexts = [r["prompt"][0]["content"] for r in rows if r["prompt"][0]["content"].startswith("[Privileged Guidance]")]
+    assert contexts and all("[End Privileged Guidance]\n\nYou are an expert agent" in c for c in contexts)

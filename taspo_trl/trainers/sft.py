@@ -132,10 +132,35 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
     """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``: per task,
     ``demonstrations_per_task - demonstration_pi_episodes`` plain episodes, then ``demonstration_pi_episodes``
     informed ones with the privileged context their plain siblings give in every prompt."""
-    from datasets import Dataset, concatenate_datasets
+    from datasets import concatenate_datasets
 
     specs = [task_spec_from_row(row) for row in rows]
-    play = partial(
+    play = _expert_player(tokenizer, config)
+    plain_per_task = config.demonstrations_per_task - config.demonstration_pi_episodes
+    plain = play([spec for spec in specs for _ in range(plain_per_task)], seed=config.demonstration_seed)
+    datasets = [demonstration_dataset(plain, config.layout)]
+    if config.demonstration_pi_episodes:
+        datasets.append(_informed_dataset(specs, config.demonstration_pi_episodes, plain, tokenizer, config))
+    return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
+
+
+def guided_sft_dataset(
+    rows: Sequence[dict[str, Any]], tokenizer: Any, config: AgentSFTConfig, *, episodes_per_task: int = 1,
+    sibling_episodes: int = 2,
+) -> Any:
+    """Only informed episodes, ``episodes_per_task`` per task of ``rows``, each with the privileged context P_i in
+    every prompt; P_i comes from ``sibling_episodes`` searching episodes of the same task, played for it and not
+    trained on. On tasks the policy sees nowhere else it cannot know where things are from having seen the room:
+    only reading P_i tells it, which is what these rows teach."""
+    specs = [task_spec_from_row(row) for row in rows]
+    play = _expert_player(tokenizer, config)
+    siblings = play([spec for spec in specs for _ in range(sibling_episodes)], seed=config.demonstration_seed + 2)
+    return _informed_dataset(specs, episodes_per_task, siblings, tokenizer, config).select_columns(["prompt", "completion"])
+
+
+def _expert_player(tokenizer: Any, config: AgentSFTConfig) -> Any:
+    """``expert_demonstrations`` with the config's prompt and mistake settings."""
+    return partial(
         expert_demonstrations,
         tokenizer=tokenizer,
         environment=config.environment,
@@ -146,22 +171,25 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
         mistake_rate=config.demonstration_mistake_rate,
         wander_rate=config.demonstration_wander_rate,
     )
-    plain_per_task = config.demonstrations_per_task - config.demonstration_pi_episodes
-    plain = play([spec for spec in specs for _ in range(plain_per_task)], seed=config.demonstration_seed)
-    datasets = [demonstration_dataset(plain, config.layout)]
-    if config.demonstration_pi_episodes:
-        informed = play(
-            [spec for spec in specs for _ in range(config.demonstration_pi_episodes)],
-            seed=config.demonstration_seed + 1, informed=True,
-        )
-        guided = []
-        for demonstration, context in zip(informed, sibling_contexts(informed, plain, tokenizer), strict=True):
-            for row in demonstration_dataset([demonstration], config.layout).to_list():
-                if context:  # P_i goes in front of the first user message, as privileged_prompt_ids puts it
-                    row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
-                guided.append(row)
-        datasets.append(Dataset.from_list(guided))
-    return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
+
+
+def _informed_dataset(
+    specs: list[dict[str, Any]], episodes_per_task: int, siblings: Sequence[Demonstration], tokenizer: Any,
+    config: AgentSFTConfig,
+) -> Any:
+    """Informed expert episodes of ``specs`` as rows whose prompts carry the P_i of ``sibling_contexts``."""
+    from datasets import Dataset
+
+    informed = _expert_player(tokenizer, config)(
+        [spec for spec in specs for _ in range(episodes_per_task)], seed=config.demonstration_seed + 1, informed=True,
+    )
+    guided = []
+    for demonstration, context in zip(informed, sibling_contexts(informed, siblings, tokenizer), strict=True):
+        for row in demonstration_dataset([demonstration], config.layout).to_list():
+            if context:  # P_i goes in front of the first user message, as privileged_prompt_ids puts it
+                row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
+            guided.append(row)
+    return Dataset.from_list(guided)
 
 
 def sibling_contexts(targets: Sequence[Demonstration], siblings: Sequence[Demonstration], tokenizer: Any) -> list[str]:
