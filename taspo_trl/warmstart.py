@@ -176,7 +176,7 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
     """Train into a temporary sibling directory, then swap it into place with renames."""
     print(
         f"taspo_trl: building the warm-started policy {name} in {target} (one-time: SFT of {spec.base_model} on "
-        f"expert demonstrations, about 9 minutes on a 2-core CPU with bfloat16 instructions)",
+        f"expert demonstrations, 8 to 10 minutes on a 2-core CPU with bfloat16 instructions)",
         file=sys.stderr,
         flush=True,
     )
