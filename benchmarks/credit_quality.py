@@ -50,7 +50,7 @@ from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
-from taspo_trl.warmstart import resolve_policy_path
+from taspo_trl.warmstart import resolve_policy_path, trained_history_window
 
 DEFAULT_MODEL = "embedded:smollm2-135m-alfworld"
 SIBLINGS = ("sampled", "scripted", "mixed")
@@ -83,6 +83,7 @@ def _config(method: str, out_dir: Path, args: argparse.Namespace) -> Any:
         bf16=args.bf16,
         gradient_checkpointing=False,
         seed=args.seed,
+        history_window=args.history_window,
         **settings,
     )
 
@@ -258,12 +259,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--bf16", action=argparse.BooleanOptionalAction, default=False,
         help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
     )
+    parser.add_argument("--history-window", type=int, default=None,
+                        help="prompt history window (default: the one the warm start was trained with, else 1)")
     parser.add_argument("--out", default="outputs/credit_quality", help="folder for credit_quality.json and .png")
     args = parser.parse_args(argv)
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]  # GRPO's trainer plays the batch
 
     model = resolve_policy_path(args.model)  # builds the warm start on first use
+    args.history_window = args.history_window or trained_history_window(model)  # the prompts it was trained on
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}

@@ -33,7 +33,7 @@ from datasets import Dataset
 from taspo_trl import TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games
 from taspo_trl.trainers.step import StepView
-from taspo_trl.warmstart import resolve_policy_path
+from taspo_trl.warmstart import resolve_policy_path, trained_history_window
 
 DEFAULT_TASK_TYPES = ("look_at_obj_in_light", "pick_and_place_simple", "pick_cool_then_place_in_recep")
 
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split", default="train", choices=("train", "eval_seen", "eval_unseen"),
                         help="games to script (train: the warm start's own games at seed 0)")
+    parser.add_argument("--history-window", type=int, default=None,
+                        help="prompt history window (default: the one the warm start was trained with, else 1)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
     args = parser.parse_args(argv)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cq = _credit_quality()
 
     model = resolve_policy_path(args.model)
+    args.history_window = args.history_window or trained_history_window(model)
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
         games = generate_games(tmp_dir / "games", 1, args.seed, args.split, task_types=args.task_types)

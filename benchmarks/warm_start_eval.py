@@ -27,7 +27,7 @@ from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows
 from taspo_trl.models import load_model_and_tokenizer
-from taspo_trl.warmstart import resolve_policy_path
+from taspo_trl.warmstart import resolve_policy_path, trained_history_window
 
 
 def act_stats(trajectories: list[Any]) -> dict[str, Any]:
@@ -56,14 +56,6 @@ def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
         "wins_per_group": wins,
         **act_stats(trajectories),
     }
-
-
-def trained_history_window(model_dir: str) -> int:
-    """The history window a warm start was trained with (its prompts must match), 1 for any other model."""
-    record = Path(model_dir) / "warm_start.json"
-    if not record.is_file():
-        return 1
-    return int(json.loads(record.read_text())["fingerprint"]["settings"]["history_window"])
 
 
 def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:

@@ -144,6 +144,15 @@ def fingerprint(spec: WarmStart) -> dict[str, object]:
     return json.loads(json.dumps({"settings": asdict(spec), "build_version": _BUILD_VERSION, "code_sha256": code.hexdigest(), "versions": versions}))
 
 
+def trained_history_window(model_dir: str) -> int:
+    """The turn-layout history window a warm start in ``model_dir`` was trained with (its prompts must match), read
+    from its ``warm_start.json``; 1 for any other model, as in the quickstarts."""
+    record = Path(model_dir) / _FINGERPRINT_FILE
+    if not record.is_file():
+        return 1
+    return int(json.loads(record.read_text())["fingerprint"]["settings"]["history_window"])
+
+
 def resolve_policy_path(name_or_path: str) -> str:
     """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (built first
     when missing or out of date). The CLI, ``taspo-eval`` and the benchmarks resolve policy names through it."""

@@ -140,3 +140,14 @@ def test_frozen_layers_fix_the_bottom_and_leave_the_top_gradients_unchanged(tiny
         AgentSFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=config,
                         train_dataset=dataset, processing_class=tokenizer,
                         peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+
+
+def test_benchmarks_prompt_a_warm_start_with_the_window_it_was_trained_on(tmp_path):
+    """credit_quality.py and pi_specificity.py read the window from warm_start.json (the trainer's default window
+    is 3, the embedded warm start's 1); any other model gets the quickstarts' 1."""
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "warm_start.json").write_text(json.dumps({"fingerprint": {"settings": {"history_window": 2}}}))
+    assert warmstart.trained_history_window(str(built)) == 2
+    assert warmstart.trained_history_window(str(tmp_path)) == 1
+    assert warmstart.WARM_STARTS["embedded:smollm2-135m-alfworld"].history_window == 1
