@@ -16,7 +16,6 @@ model from the same dataset when `frozen_layers` is 0.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
 from ..envs import get_env_factory
-from ..envs.base import PromptTemplate, task_spec_from_row
+from ..envs.base import PromptTemplate, encode_task_prompt, task_spec_from_row
 from ..privileged.analyzers import RuleBasedAnalyzer
 from ..privileged.builder import build_group_pi
 from ..privileged.rescoring import privileged_user_text
@@ -199,16 +198,12 @@ def sibling_contexts(targets: Sequence[Demonstration], siblings: Sequence[Demons
     analyzer = RuleBasedAnalyzer()
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for sibling in siblings:
-        by_task[_task_key(sibling.trajectory)].append(sibling.trajectory)
+        by_task[encode_task_prompt(sibling.trajectory.task_spec)].append(sibling.trajectory)
     contexts = []
     for target in targets:
-        group = [*by_task[_task_key(target.trajectory)], target.trajectory]
+        group = [*by_task[encode_task_prompt(target.trajectory.task_spec)], target.trajectory]
         contexts.append(build_group_pi(group, analyzer, tokenizer).texts[-1])
     return contexts
-
-
-def _task_key(trajectory: Trajectory) -> str:
-    return json.dumps(trajectory.task_spec, sort_keys=True, default=str)
 
 
 def relabelled_sft_dataset(
