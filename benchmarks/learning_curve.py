@@ -94,15 +94,14 @@ SETTINGS: dict[str, Setting] = {
         ),
         isolate=False,
     ),
-    # The quickstart recipes unchanged but for the step count. On one thread a step (8 trajectories x up to 12
-    # turns) took 4-11 min and an evaluation of 6 games x 12 turns (the recipes' max_turns) 3-5 min, so a run of
-    # 6 steps + 4 evaluations took 53-68 min with a third job on the 2 cores (README, "Learning curves").
+    # The quickstart recipes unchanged but for the step count: 8 steps play each of the 6 train tasks 2-3 times.
+    # Evaluation on 2 games per family (the warm-start table's 12 eval_unseen games), so one game is 8 points.
     "cpu": Setting(
         methods=("grpo", "taspo"),
         seeds=(0,),
-        steps=6,
+        steps=8,
         eval_every=2,
-        eval_games_per_family=1,
+        eval_games_per_family=2,
         eval_families=(),
         eval_turns=12,
         overrides=(),
@@ -142,8 +141,8 @@ class CurveRecorder(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
                        **kwargs: Any) -> None:
-        # Decoding as in training (layout, prompt window, response length, temperature), so the curve measures
-        # the policy that is being trained; all episodes in one batch.
+        # Decoding as in training (layout, prompt window, response length, temperature, bf16 autocast), so the
+        # curve measures the policy that is being trained; all episodes in one batch.
         self.eval_args = EvalArguments(
             layout=args.layout,
             history_window=args.history_window,
@@ -154,6 +153,7 @@ class CurveRecorder(TrainerCallback):
             top_p=args.top_p,
             seed=EVAL_SEED,
             eval_batch_size=len(self.rows),
+            bf16=args.bf16,
         )
         self._evaluate(0, args.environment, model, processing_class)
 
