@@ -2,8 +2,10 @@
 
 One batch of ALFWorld rollouts (``--games-per-type`` games of every family, ``--group-size`` siblings each) is
 played once; then every method's own credit path (its trainer's ``turn_advantages``, the call of one GRPO step)
-runs on that same batch, with no training. Each action is labelled by the planner: it "made progress" when Fast
-Downward's distance to the goal is shorter after it than before it (``taspo_trl.envs.alfworld.progress``).
+runs on that same batch, with no training. ``--batches`` plays more such batches, batch b on other games and
+with other samples (seed ``--seed`` + b), and pools their actions; the JSON keeps each batch's scores too. Each
+action is labelled by the planner: it "made progress" when Fast Downward's distance to the goal is shorter after
+it than before it (``taspo_trl.envs.alfworld.progress``).
 
 Per method the score is the Mann-Whitney AUC of the action weight against "made progress", pooled over the
 successful trajectories and, separately, over the failed ones. The action weight is the turn's advantage divided by
@@ -68,7 +70,7 @@ METHODS: dict[str, tuple[type, type, dict[str, Any]]] = {
 """Method name -> (config class, trainer class, config settings). GRPO comes first: its trainer plays the batch."""
 
 
-def _config(method: str, out_dir: Path, args: argparse.Namespace) -> Any:
+def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int) -> Any:
     config_class, _, settings = METHODS[method]
     return config_class(
         output_dir=str(out_dir / method),
@@ -82,7 +84,7 @@ def _config(method: str, out_dir: Path, args: argparse.Namespace) -> Any:
         use_cpu=True,
         bf16=args.bf16,
         gradient_checkpointing=False,
-        seed=args.seed,
+        seed=seed,
         history_window=args.history_window,
         **settings,
     )
@@ -177,11 +179,12 @@ def _shared_teacher_scores(trainer: BaselineTrainer, memo: dict) -> None:
 
 
 def _method_credit(
-    method: str, model: str, dataset: Dataset, seen: dict[str, Any], out_dir: Path, args: argparse.Namespace, memo: dict
+    method: str, model: str, dataset: Dataset, seen: dict[str, Any], out_dir: Path, args: argparse.Namespace,
+    seed: int, memo: dict,
 ) -> list[list[float | list[float]]]:
     """``method``'s per-turn advantages on the played batch, from a trainer of its own on the same weights."""
     _, trainer_class, _ = METHODS[method]
-    trainer = trainer_class(model=model, args=_config(method, out_dir, args), train_dataset=dataset)
+    trainer = trainer_class(model=model, args=_config(method, out_dir, args, seed), train_dataset=dataset)
     trainer.model.train()  # a training step's mode: metrics and group sizes read it
     if isinstance(trainer, BaselineTrainer):
         _shared_teacher_scores(trainer, memo)
@@ -254,7 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--group-size", type=int, default=4, help="siblings per game")
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="games and sampling seed of the first batch")
+    parser.add_argument("--batches", type=int, default=1,
+                        help="batches to play and pool, batch b with seed --seed + b (other games, other samples)")
     parser.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=False,
         help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
@@ -270,65 +275,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args.history_window = args.history_window or trained_history_window(model)  # the prompts it was trained on
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_dir = Path(tmp)
-        games = generate_games(tmp_dir / "games", args.games_per_type, args.seed, "train", task_types=args.task_types)
-        rows, plans = _rows(games, args)
-        names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
-        dataset = Dataset.from_list(rows)
+    batches = []
+    for b in range(args.batches):
+        print(f"batch {b + 1} of {args.batches} (seed {args.seed + b})", flush=True)
+        batches.append(play_batch(model, args, args.seed + b))
 
-        started = time.perf_counter()
-        player = AgentGRPOTrainer(model=model, args=_config("grpo", tmp_dir, args), train_dataset=dataset)
-        player.model.train()
-        try:
-            seen, grpo_credit = _play(player, rows, plans)
-        finally:
-            player.close()
-        timings["rollout_and_grpo"] = time.perf_counter() - started
-        print(f"rollout and GRPO credit: {timings['rollout_and_grpo']:.1f} s", flush=True)
-        trajectories = seen["trajectories"]
-        advantages = [float(a) for a in seen["advantages"]]
-        won = [t.won for t in trajectories]
-
-        started = time.perf_counter()
-        labels = _labels(trajectories)
-        timings["labels"] = time.perf_counter() - started
-
-        credit = {"grpo": grpo_credit}
-        memo: dict = {}
-        if any(a != 0.0 for a in advantages):  # otherwise no method has outcome credit to place
-            for method in args.methods:
-                if method != "grpo":
-                    started = time.perf_counter()
-                    credit[method] = _method_credit(method, model, dataset, seen, tmp_dir, args, memo)
-                    timings[method] = time.perf_counter() - started
-                    print(f"{method}: credit in {timings[method]:.1f} s", flush=True)
-
-    scored = [(advantage != 0.0, success, label) for advantage, success, label in zip(advantages, won, labels)]
+    # Pooled over batches: every trajectory, in batch order, with its batch's credit from every method.
+    pooled = {key: [item for batch in batches for item in batch[key]]
+              for key in ("trajectories", "advantages", "won", "labels", "plans")}
+    credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods
+              if all(m in batch["credit"] for batch in batches)}
+    trajectories, advantages, won, labels = (pooled[k] for k in ("trajectories", "advantages", "won", "labels"))
+    names = {game: name for batch in batches for game, name in batch["names"].items()}
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
-        "batch": {
-            "trajectories": len(trajectories),
-            "won": sum(won),
-            "nonzero_advantage": sum(nonzero for nonzero, _, _ in scored),
-            **{
-                f"{pool}_progress_fraction": _fraction(
-                    [p for nonzero, success, label in scored if nonzero and success == (pool == "success")
-                     for p in label["progress"] if p is not None]
-                )
-                for pool in POOLS
-            },
-        },
-        "seconds": timings,
-        "methods": {m: {"scores": score(credit[m], advantages, won, labels)} for m in args.methods if m in credit},
+        "batch": _batch_summary(advantages, won, labels),
+        "seconds": [batch["seconds"] for batch in batches],
+        "methods": {m: {"scores": score(credit[m], advantages, won, labels)} for m in credit},
+        "per_batch": [
+            {
+                "seed": args.seed + b,
+                **_batch_summary(batch["advantages"], batch["won"], batch["labels"]),
+                "methods": {m: score(c, batch["advantages"], batch["won"], batch["labels"])
+                            for m, c in batch["credit"].items()},
+            }
+            for b, batch in enumerate(batches)
+        ],
         "trajectories": [
             {
                 "game": names[t.task_spec["game_file"]], "won": t.won, "advantage": a,
                 "planned": plan is not None, **label,
                 "weights": {m: action_weights(credit[m][i], a) for m in credit},
             }
-            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, plans))
+            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, pooled["plans"]))
         ],
     }
     (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -336,6 +315,67 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     plot(results, out_dir / "credit_quality.png", title)
     _print_table(results)
     return results
+
+
+def play_batch(model: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """One batch: ``--games-per-type`` train games generated with ``seed``, played once by GRPO's trainer (its
+    sampling seeded with ``seed`` too), labelled by the planner, and credited by every method of ``--methods``."""
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_dir = Path(tmp)
+        games = generate_games(tmp_dir / "games", args.games_per_type, seed, "train", task_types=args.task_types)
+        rows, plans = _rows(games, args)
+        names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
+        dataset = Dataset.from_list(rows)
+
+        started = time.perf_counter()
+        player = AgentGRPOTrainer(model=model, args=_config("grpo", tmp_dir, args, seed), train_dataset=dataset)
+        player.model.train()
+        try:
+            seen, grpo_credit = _play(player, rows, plans)
+        finally:
+            player.close()
+        seconds["rollout_and_grpo"] = time.perf_counter() - started
+        print(f"rollout and GRPO credit: {seconds['rollout_and_grpo']:.1f} s", flush=True)
+        trajectories = seen["trajectories"]
+        advantages = [float(a) for a in seen["advantages"]]
+
+        started = time.perf_counter()
+        labels = _labels(trajectories)
+        seconds["labels"] = time.perf_counter() - started
+
+        credit = {"grpo": grpo_credit}
+        memo: dict = {}
+        if any(a != 0.0 for a in advantages):  # otherwise no method has outcome credit to place
+            for method in args.methods:
+                if method != "grpo":
+                    started = time.perf_counter()
+                    credit[method] = _method_credit(method, model, dataset, seen, tmp_dir, args, seed, memo)
+                    seconds[method] = time.perf_counter() - started
+                    print(f"{method}: credit in {seconds[method]:.1f} s", flush=True)
+        else:  # no outcome credit to redistribute: every method's advantages are GRPO's zeros, none is scored
+            credit.update({method: grpo_credit for method in args.methods})
+    return {
+        "trajectories": trajectories, "advantages": advantages, "won": [t.won for t in trajectories],
+        "labels": labels, "plans": plans, "names": names, "credit": credit, "seconds": seconds,
+    }
+
+
+def _batch_summary(advantages: list[float], won: list[bool], labels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Trajectory counts, and the fraction of scored actions that made progress in each pool."""
+    scored = [(advantage != 0.0, success, label) for advantage, success, label in zip(advantages, won, labels)]
+    return {
+        "trajectories": len(advantages),
+        "won": sum(won),
+        "nonzero_advantage": sum(nonzero for nonzero, _, _ in scored),
+        **{
+            f"{pool}_progress_fraction": _fraction(
+                [p for nonzero, success, label in scored if nonzero and success == (pool == "success")
+                 for p in label["progress"] if p is not None]
+            )
+            for pool in POOLS
+        },
+    }
 
 
 def _fraction(flags: list[bool]) -> float | None:

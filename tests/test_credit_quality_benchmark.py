@@ -35,6 +35,8 @@ def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     assert grpo["failed"]["auc"] in (0.5, None)  # None when no sampled action made progress
     assert all(w == 1.0 for t in trajectories for w in t["weights"]["grpo"])
     assert set(results["methods"]) == {"grpo", "gigpo"}
+    # one batch: the pooled scores are that batch's
+    assert [{m: e["scores"] for m, e in results["methods"].items()}] == [b["methods"] for b in results["per_batch"]]
 
 
 class _TeacherPass:
