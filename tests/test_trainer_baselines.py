@@ -33,10 +33,12 @@ def _config(tmp_path: Path, **overrides) -> BaselineConfig:
     return BaselineConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=MAX_TURNS, **overrides))
 
 
-def _rollout(trainer: BaselineTrainer, game: Path, dataset: Dataset) -> dict:
-    """One scripted batch; returns what ``turn_advantages`` saw, captured by a spy."""
+def _rollout(trainer: BaselineTrainer, game: Path, dataset: Dataset, wins: int = 2) -> dict:
+    """One scripted batch (``wins`` walkthrough wins, stalling failures for the rest); returns what
+    ``turn_advantages`` saw, captured by a spy."""
     walkthrough = json.loads(Path(game).read_text())["walkthrough"]
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, MAX_TURNS))
+    plans = walkthrough_plans(walkthrough, MAX_TURNS, wins=wins)
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, plans)
     original = trainer.turn_advantages
     seen: dict = {}
 
@@ -387,6 +389,25 @@ def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"
     assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0
+
+
+def test_an_all_fail_batch_runs_no_plain_pass(tmp_path, tiny_model_dir, game, monkeypatch):
+    """OPID's teacher contexts (aligned PI and step skills) come from successful siblings: with none, no turn has a
+    teacher gap, so no row's plain log-probs are read, and none may be computed, even when the sampler ran under
+    bf16 autocast and only a forward pass could give them."""
+    dataset = Dataset.from_list(task_spec_rows([game]))
+    trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="opid"), train_dataset=dataset)
+    monkeypatch.setattr(trainer.args, "bf16", True)
+    passes = []
+    snapshot = trainer._snapshot_logprobs
+    monkeypatch.setattr(trainer, "_snapshot_logprobs", lambda *args, **kwargs: passes.append(1) or snapshot(*args, **kwargs))
+    try:
+        seen = _rollout(trainer, game, dataset, wins=0)
+    finally:
+        trainer.close()
+    assert not any(t.won for t in seen["trajectories"]) and seen["advantages"].abs().sum() == 0
+    assert not any(trainer.last_step.privileged_info)
+    assert passes == []
 
 
 def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_model_dir, game):

@@ -38,7 +38,6 @@ from ..privileged.context import (
 )
 from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
-from ..rollout.layouts import NOT_POLICY
 from ..rollout.records import Trajectory
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer, dropout_off
 from .step import StepView
@@ -443,16 +442,22 @@ class BaselineTrainer(AgentGRPOTrainer):
         contexts, step_skills, _ = self._guidance(trajectories, method)
         self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()
-        every_row = [r for r, traj in enumerate(step.rows.row_trajectory) if traj != NOT_POLICY]
-        plain = step.rows.collect(self._plain_logprobs(step, every_row, self._max_over_processes(len(every_row))))
-        gaps = self._teacher_gaps(trajectories, self._turn_contexts(trajectories, contexts), plain)
+        turn_contexts = self._turn_contexts(trajectories, contexts)
+        step_contexts = (
+            {(i, t): text for i, skills in enumerate(step_skills) for t, text in skills.items()} if method.step_skills else {}
+        )
+        # The plain side of a gap, and the student term of every turn of a trajectory with a gap: the rows of the
+        # other trajectories (a group without a success has no context) are never read, so they are not scored.
+        teacher_scored = {i for i, _ in [*turn_contexts, *step_contexts]}
+        needed = [r for r, traj in enumerate(step.rows.row_trajectory) if traj in teacher_scored]
+        plain = step.rows.collect(self._plain_logprobs(step, needed, self._max_over_processes(len(needed))))
+        gaps = self._teacher_gaps(trajectories, turn_contexts, plain)
         if gaps:
             flat = torch.cat(list(gaps.values()))
             metrics["baseline/teacher_gap_mean"].append(flat.mean().item())
         metrics["baseline/teacher_coverage"].append(len({i for i, _ in gaps}) / max(len(trajectories), 1))
         step_gaps: dict[tuple[int, int], torch.Tensor] = {}
         if method.step_skills:  # every process scores (maybe nothing), so the padded forward passes stay in step
-            step_contexts = {(i, t): text for i, skills in enumerate(step_skills) for t, text in skills.items()}
             step_gaps = self._teacher_gaps(trajectories, step_contexts, plain, "baseline/non_finite_step_gap_turns")
             turns = sum(t.num_turns for t in trajectories)
             metrics["baseline/opid_step_skill_turns"].append(len(step_gaps) / max(turns, 1))
