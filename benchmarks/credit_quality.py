@@ -2,8 +2,9 @@
 
 One batch of ALFWorld rollouts (``--games-per-type`` games of every family, ``--group-size`` siblings each) is
 played once; then every method's own credit path (its trainer's ``turn_advantages``, the call of one GRPO step)
-runs on that same batch, with no training. ``--batches`` plays more such batches, batch b on other games and
-with other samples (seed ``--seed`` + b), and pools their actions; the JSON keeps each batch's scores too. Each
+runs on that same batch, with no training. The games are generated with ``--games-seed`` (0: the quickstart's,
+which the warm start's demonstrations cover); ``--batches`` plays them again with other samples (batch b samples
+with seed ``--seed`` + b) and pools the batches' actions; the JSON keeps each batch's scores too. Each
 action is labelled by the planner: it "made progress" when Fast Downward's distance to the goal is shorter after
 it than before it (``taspo_trl.envs.alfworld.progress``).
 
@@ -70,7 +71,7 @@ METHODS: dict[str, tuple[type, type, dict[str, Any]]] = {
 """Method name -> (config class, trainer class, config settings). GRPO comes first: its trainer plays the batch."""
 
 
-def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int) -> Any:
+def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int | None = None) -> Any:
     config_class, _, settings = METHODS[method]
     return config_class(
         output_dir=str(out_dir / method),
@@ -84,7 +85,7 @@ def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int) -> 
         use_cpu=True,
         bf16=args.bf16,
         gradient_checkpointing=False,
-        seed=seed,
+        seed=args.seed if seed is None else seed,
         history_window=args.history_window,
         **settings,
     )
@@ -257,9 +258,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--group-size", type=int, default=4, help="siblings per game")
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="games and sampling seed of the first batch")
+    parser.add_argument("--games-seed", type=int, default=0,
+                        help="seed of the generated train games (0: the quickstart's, which the warm start saw)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first batch")
     parser.add_argument("--batches", type=int, default=1,
-                        help="batches to play and pool, batch b with seed --seed + b (other games, other samples)")
+                        help="batches to play on the same games and pool, batch b sampled with seed --seed + b")
     parser.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=False,
         help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
@@ -276,17 +279,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     batches = []
-    for b in range(args.batches):
-        print(f"batch {b + 1} of {args.batches} (seed {args.seed + b})", flush=True)
-        batches.append(play_batch(model, args, args.seed + b))
+    with tempfile.TemporaryDirectory() as tmp:
+        games = generate_games(Path(tmp) / "games", args.games_per_type, args.games_seed, "train",
+                               task_types=args.task_types)
+        names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
+        for b in range(args.batches):
+            print(f"batch {b + 1} of {args.batches} (sampling seed {args.seed + b})", flush=True)
+            batches.append(play_batch(model, args, games, args.seed + b))
 
     # Pooled over batches: every trajectory, in batch order, with its batch's credit from every method.
     pooled = {key: [item for batch in batches for item in batch[key]]
               for key in ("trajectories", "advantages", "won", "labels", "plans")}
-    credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods
-              if all(m in batch["credit"] for batch in batches)}
+    credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods}
     trajectories, advantages, won, labels = (pooled[k] for k in ("trajectories", "advantages", "won", "labels"))
-    names = {game: name for batch in batches for game, name in batch["names"].items()}
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
         "batch": _batch_summary(advantages, won, labels),
@@ -317,15 +322,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-def play_batch(model: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """One batch: ``--games-per-type`` train games generated with ``seed``, played once by GRPO's trainer (its
-    sampling seeded with ``seed`` too), labelled by the planner, and credited by every method of ``--methods``."""
+def play_batch(model: str, args: argparse.Namespace, games: list[Path], seed: int) -> dict[str, Any]:
+    """One batch: ``games``, ``--group-size`` siblings each, played once by GRPO's trainer with sampling seed
+    ``seed``, labelled by the planner, and credited by every method of ``--methods``."""
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
-        games = generate_games(tmp_dir / "games", args.games_per_type, seed, "train", task_types=args.task_types)
         rows, plans = _rows(games, args)
-        names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
         dataset = Dataset.from_list(rows)
 
         started = time.perf_counter()
@@ -357,7 +360,7 @@ def play_batch(model: str, args: argparse.Namespace, seed: int) -> dict[str, Any
             credit.update({method: grpo_credit for method in args.methods})
     return {
         "trajectories": trajectories, "advantages": advantages, "won": [t.won for t in trajectories],
-        "labels": labels, "plans": plans, "names": names, "credit": credit, "seconds": seconds,
+        "labels": labels, "plans": plans, "credit": credit, "seconds": seconds,
     }
 
 
