@@ -288,10 +288,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             batches.append(play_batch(model, args, games, args.seed + b))
 
     # Pooled over batches: every trajectory, in batch order, with its batch's credit from every method.
-    pooled = {key: [item for batch in batches for item in batch[key]]
-              for key in ("trajectories", "advantages", "won", "labels", "plans")}
+    trajectories, advantages, won, labels, plans = (
+        [item for batch in batches for item in batch[key]]
+        for key in ("trajectories", "advantages", "won", "labels", "plans")
+    )
     credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods}
-    trajectories, advantages, won, labels = (pooled[k] for k in ("trajectories", "advantages", "won", "labels"))
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
         "batch": _batch_summary(advantages, won, labels),
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "planned": plan is not None, **label,
                 "weights": {m: action_weights(credit[m][i], a) for m in credit},
             }
-            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, pooled["plans"]))
+            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, plans))
         ],
     }
     (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
