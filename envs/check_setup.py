@@ -60,7 +60,8 @@ def check_webshop(url: str) -> str:
         raise SetupError(str(error)) from None
     observation = env.reset()
     if observation.startswith("WebShop error"):
-        raise SetupError(f"{observation.removeprefix('WebShop error: ')}: start the site ({SETUP_GUIDES['webshop']})")
+        reason = observation.removeprefix("WebShop error: ").removesuffix(" The episode has ended.").rstrip(".")
+        raise SetupError(f"{reason}: start the site ({SETUP_GUIDES['webshop']})")
     if not env.admissible_commands or not env.admissible_commands[0].startswith("search["):
         raise SetupError(f"{url} answered, but not with WebShop's search page: is it the WebShop app?")
     return f"WebShop at {url} serves goal 0: {observation[:80]!r}"
