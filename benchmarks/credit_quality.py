@@ -49,6 +49,7 @@ from taspo_trl.credit.quality import action_weights, mann_whitney_auc
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.alfworld.env import read_game_file
 from taspo_trl.envs.alfworld.progress import goal_distances, made_progress
+from taspo_trl.provenance import provenance
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
@@ -316,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, plans))
         ],
     }
+    results["provenance"] = provenance(argv, __file__)
     (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
     title = f"{args.model}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
     plot(results, out_dir / "credit_quality.png", title)

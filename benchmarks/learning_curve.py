@@ -38,6 +38,7 @@ from taspo_trl.cli import build_trainer
 from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_TYPES, find_game_files, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows, summarize
+from taspo_trl.provenance import provenance
 from taspo_trl.warmstart import resolve_policy_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -311,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "eval_games": len(eval_rows),
         "eval_seed": EVAL_SEED,
         "config": asdict(setting),
+        "provenance": provenance(argv, __file__),
     }
     if args.only:
         method, seed = args.only.split(":")

@@ -32,6 +32,7 @@ from datasets import Dataset
 
 from taspo_trl import TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games
+from taspo_trl.provenance import provenance
 from taspo_trl.trainers.step import StepView
 from taspo_trl.warmstart import resolve_policy_path, trained_history_window
 
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    results["provenance"] = provenance(argv, __file__)
     (out_dir / "pi_specificity.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"{len(keys)} actions: mean |shift| {results['mean_abs_shift_own_pi']:.4f} under their own PI, "
           f"{results['mean_abs_shift_foreign_pi']:.4f} under another task's; correlation {results['correlation']}")

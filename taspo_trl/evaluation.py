@@ -49,9 +49,11 @@ class EvalArguments:
             `games_root/<split>`), WebShop `eval` (the 128 fixed goals), Search-QA `test`; required for your own
             environments, whose row builder receives each as `task_split`.
         games_root (`str`, defaults to `"outputs/alfworld_games"`): parent folder of the ALFWorld split folders.
-        layout (`str`, defaults to `"turn"`), history_window (`int`, defaults to `3`), max_turns (`int` or
-            `None`), max_prompt_tokens (`int` or `None`), max_completion_length (`int`, defaults to `512`):
-            as in training (Table C.2: 50/15/4 turns, 512 response tokens).
+        layout (`str`, defaults to `"turn"`): row layout, as in training.
+        history_window (`int`, defaults to `3`): past steps in each prompt, as in training.
+        max_turns (`int` or `None`): turn cap, as in training (Table C.2: 50/15/4 turns).
+        max_prompt_tokens (`int` or `None`): prompt cap, as in training.
+        max_completion_length (`int`, defaults to `512`): response tokens per turn (Table C.2: 512).
         temperature (`float`, defaults to `1.0`): sampling temperature; `0` decodes greedily. The papers do not
             state their evaluation decoding, so the default is the rollout setting of Table C.2.
         top_p (`float`, defaults to `1.0`), top_k (`int`, defaults to `0`: off), min_p (`float` or `None`),

@@ -1,9 +1,13 @@
-"""The method notes ship with the repo: docs/methods.md exists, is linked from the README, cites code that exists,
+"""The documentation ships with the repo: the site under docs/ builds in strict mode (no broken link, missing page
+or docstring reference to a moved name), docs/methods.md is linked from the README and cites code that exists,
 and nothing a user installs or reads points to a document outside the repo."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -18,7 +22,7 @@ OUTSIDE_REFERENCE = re.compile(
 
 def _user_facing_files() -> list[Path]:
     files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    for folder, suffixes in (("taspo_trl", {".py", ".md"}), ("recipes", {".py", ".yaml"})):
+    for folder, suffixes in (("taspo_trl", {".py", ".md"}), ("recipes", {".py", ".yaml"}), ("envs", {".py", ".md", ".sh"})):
         files += [p for p in sorted((ROOT / folder).rglob("*")) if p.suffix in suffixes]
     return files
 
@@ -31,6 +35,28 @@ def test_no_reference_to_documents_outside_the_repo():
         if OUTSIDE_REFERENCE.search(line)
     ]
     assert not hits, "\n".join(hits)
+
+
+def test_site_builds_offline_in_strict_mode(tmp_path):
+    """`mkdocs build --strict` turns every warning into a failure: a link to a page that does not exist, a page
+    missing from the navigation, an API entry naming a moved object, a malformed docstring section."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    built = {path.relative_to(tmp_path / "site").as_posix() for path in (tmp_path / "site").rglob("index.html")}
+    for page in ("getting-started", "methods", "recipes", "results", "api", "troubleshooting", "experiment-log"):
+        assert f"{page}/index.html" in built, page
+    recipes = (tmp_path / "site" / "recipes" / "index.html").read_text(encoding="utf-8")
+    assert "recipes/quickstart/alfworld_taspo_cpu.yaml" in recipes  # the table generated from the recipe files
+    assert (tmp_path / "site" / "results" / "learning_curve_cpu.png").is_file()
+
+
+def test_readme_is_short_and_points_to_the_docs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 210
+    for page in ("docs/getting-started.md", "docs/results.md", "docs/methods.md"):
+        assert f"]({page})" in readme, page
 
 
 def test_methods_page_is_linked_from_the_readme():

@@ -96,8 +96,9 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
         opid_max_step_skills (`int`, defaults to `5`): OPID's step skills per trajectory, at most: the analyzer
             backend (`analyzer`) writes them, each tied to one step, and a step's tokens are rescored under its
             skill for the step gap. 0 turns the step term off.
-        gigpo_omega (`float`, defaults to `1.0`), gigpo_gamma (`float`, defaults to `0.95`), gigpo_norm (`str`,
-            defaults to `"mean"`): GiGPO's $\omega$, discount $\gamma$ and anchor-group normalisation.
+        gigpo_omega (`float`, defaults to `1.0`): GiGPO's step-advantage weight $\omega$.
+        gigpo_gamma (`float`, defaults to `0.95`): GiGPO's discount $\gamma$ for the step returns.
+        gigpo_norm (`str`, defaults to `"mean"`): GiGPO's anchor-group normalisation.
         stepopsd_temperature (`float`, defaults to `1.0`), stepopsd_bound (`float`, defaults to `0.5`): the
             approximate StepOPSD's budget temperature and weight bound.
     """

@@ -1,0 +1,74 @@
+"""docs/results.md is generated from benchmarks/results/*.json and can't go stale: the committed page equals what
+the JSON renders, a changed JSON value changes the page (so the check fails), and every section names its
+provenance."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from taspo_trl.provenance import provenance
+
+
+@pytest.fixture(scope="module")
+def page(load_benchmark):
+    return load_benchmark("results_page")
+
+
+def test_committed_results_page_matches_the_json(page):
+    assert page.PAGE.read_text(encoding="utf-8") == page.render(), "run python benchmarks/results_page.py"
+
+
+def test_a_changed_json_value_changes_the_page(page, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(page.RESULTS, results)
+    path = results / "credit_quality_sampled_bf16.json"
+    data = json.loads(path.read_text())
+    assert data["methods"]["taspo"]["scores"]["success"]["auc"] == pytest.approx(0.5750558)
+    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
+    path.write_text(json.dumps(data))
+    changed = page.render(results)
+    assert "| taspo | 0.610 | 209 / 75 | 0.430 |" in changed
+    assert "| taspo | 0.575 |" in page.render() and changed != page.render()
+
+
+def test_check_mode_fails_on_a_stale_page(page, tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "results.md"
+    stale.write_text(page.render().replace("0.575", "0.999"), encoding="utf-8")
+    monkeypatch.setattr(page, "PAGE", stale)
+    assert page.main(["--check"]) == 1
+    assert "does not match" in capsys.readouterr().err
+    stale.write_text(page.render(), encoding="utf-8")
+    assert page.main(["--check"]) == 0
+
+
+def test_every_section_states_date_commit_cpu_and_command(page):
+    text = page.render()
+    for _title, file_name, _section in page.SECTIONS:
+        block = text.split(f"- Data: `benchmarks/results/{file_name}`", 1)[1].split("\n## ", 1)[0]
+        for field in ("- Measured: 20", "commit `", "- CPU: ", "(flags: ", "- Command: `python benchmarks/"):
+            assert field in block, (file_name, field)
+
+
+def test_a_result_without_provenance_is_refused(page, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(page.RESULTS, results)
+    path = results / "pi_specificity.json"
+    data = json.loads(path.read_text())
+    del data["provenance"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="pi_specificity.json has no 'provenance' block: rerun its benchmark"):
+        page.render(results)
+
+
+def test_provenance_reads_the_cpu_and_the_command(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse2 avx2 fma\n\n"
+                       "processor\t: 1\nmodel name\t: Example CPU 9000\nflags\t\t: fpu sse2 avx2 fma\n")
+    record = provenance(["--batches", "2"], "/somewhere/benchmarks/credit_quality.py", str(cpuinfo))
+    assert record["cpu_model"] == "Example CPU 9000"
+    assert record["cpu_flags"] == ["avx2"]
+    assert record["command"] == "python benchmarks/credit_quality.py --batches 2"
+    assert record["date"].endswith(" UTC")
