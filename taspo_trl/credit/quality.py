@@ -1,12 +1,18 @@
-"""Scoring a credit method against per-action labels: the normalised action weight and the Mann-Whitney AUC.
+"""Scoring a credit method against per-action labels: the normalised action weight, the Mann-Whitney AUC, and
+its interval from a bootstrap over task groups.
 
 Used by ``benchmarks/credit_quality.py``: every method's per-turn advantages on one batch are turned into action
-weights, and the AUC says how well those weights separate the actions that made progress from the others.
+weights, and the AUC says how well those weights separate the actions that made progress from the others. The
+actions of one trajectory, and the trajectories of one group of siblings, share a task, a policy sample and (for
+TASPO and AlignOPSD) a privileged context, so they are not independent: the interval resamples whole groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 
 def action_weights(turn_advantages: Sequence[float | Sequence[float]], outcome_advantage: float) -> list[float] | None:
@@ -31,21 +37,111 @@ def mann_whitney_auc(scores: Sequence[float], labels: Sequence[bool]) -> float |
     """
     if len(scores) != len(labels):
         raise ValueError(f"{len(scores)} scores for {len(labels)} labels")
-    positives = sum(bool(label) for label in labels)
-    negatives = len(labels) - positives
+    flags = np.asarray(labels, dtype=bool)
+    positives = int(flags.sum())
+    negatives = len(flags) - positives
     if positives == 0 or negatives == 0:
         return None
-    order = sorted(range(len(scores)), key=lambda k: scores[k])
-    ranks = [0.0] * len(scores)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and scores[order[end + 1]] == scores[order[start]]:
-            end += 1
-        midrank = (start + end) / 2 + 1  # ranks start at 1
-        for k in order[start : end + 1]:
-            ranks[k] = midrank
-        start = end + 1
-    rank_sum = sum(rank for rank, label in zip(ranks, labels) if label)
-    u = rank_sum - positives * (positives + 1) / 2
-    return u / (positives * negatives)
+    _, inverse, counts = np.unique(np.asarray(scores, dtype=float), return_inverse=True, return_counts=True)
+    midranks = np.cumsum(counts) - (counts - 1) / 2  # ranks start at 1
+    u = midranks[inverse][flags].sum() - positives * (positives + 1) / 2
+    return float(u / (positives * negatives))
+
+
+@dataclass(frozen=True)
+class LabelledAction:
+    """One scored action: its task group (the resampling unit), each method's weight for it, and its label."""
+
+    group: Hashable
+    weights: Mapping[str, float]
+    progress: bool
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its bootstrap percentile interval (``None`` bounds when no replicate was defined)."""
+
+    estimate: float | None
+    low: float | None
+    high: float | None
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class BootstrapAUC:
+    """``intervals[method]``: ``"auc"`` and, per reference, ``"minus_<reference>"``; ``kept`` of ``resamples``
+    replicates had both classes and so an AUC."""
+
+    intervals: dict[str, dict[str, Interval]]
+    kept: int
+    resamples: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kept": self.kept, "resamples": self.resamples,
+                "methods": {m: {k: v.as_dict() for k, v in entry.items()} for m, entry in self.intervals.items()}}
+
+
+def _percentiles(values: list[float], level: float) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def group_bootstrap_auc(
+    actions: Sequence[LabelledAction],
+    methods: Sequence[str],
+    references: Sequence[str] = (),
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> BootstrapAUC:
+    """Each method's AUC with a percentile interval from a bootstrap that resamples whole task groups, and the
+    paired difference AUC(method) - AUC(reference) on the same replicates for every reference in ``references``.
+
+    A replicate draws as many groups as there are, with replacement, and keeps all their actions; a replicate
+    missing positives or negatives has no AUC and is dropped (``kept`` in the result says how many were used).
+    """
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"resamples must be >= 1 and level in (0, 1), got {resamples} and {level}")
+    groups: dict[Hashable, list[LabelledAction]] = {}
+    for action in actions:
+        groups.setdefault(action.group, []).append(action)
+    members = list(groups.values())
+    names = list(dict.fromkeys([*methods, *references]))
+
+    def aucs(chosen: Sequence[list[LabelledAction]]) -> dict[str, float | None]:
+        pooled = [a for group in chosen for a in group]
+        labels = [a.progress for a in pooled]
+        return {m: mann_whitney_auc([a.weights[m] for a in pooled], labels) for m in names}
+
+    point = aucs(members)
+    rng = np.random.default_rng(seed)
+    replicates: list[dict[str, float]] = []
+    for _ in range(resamples):
+        drawn = aucs([members[k] for k in rng.integers(0, len(members), size=len(members))])
+        if all(value is not None for value in drawn.values()):
+            replicates.append(drawn)  # type: ignore[arg-type]
+    out: dict[str, dict[str, Interval]] = {}
+    for method in methods:
+        entry = {"auc": Interval(point[method], *_percentiles([r[method] for r in replicates], level))}
+        for reference in references:
+            if reference == method:
+                continue
+            estimate = None if point[method] is None or point[reference] is None else point[method] - point[reference]
+            diffs = [r[method] - r[reference] for r in replicates]
+            entry[f"minus_{reference}"] = Interval(estimate, *_percentiles(diffs, level))
+        out[method] = entry
+    return BootstrapAUC(out, len(replicates), resamples)
+
+
+def moved_share(per_trajectory_weights: Sequence[Sequence[float] | None], tolerance: float = 1e-6) -> float | None:
+    """The share of trajectories (with a non-zero outcome advantage) whose action weights are not all 1: tells
+    "no credit moved" (0) apart from "credit moved, the wrong way" (an AUC on the wrong side with a share above 0)."""
+    scored = [w for w in per_trajectory_weights if w is not None]
+    if not scored:
+        return None
+    return sum(any(abs(x - 1.0) > tolerance for x in w) for w in scored) / len(scored)
