@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,62 +28,26 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.base import task_spec_from_row
-from taspo_trl.envs.search import oracle_actions, search_task_rows
-from taspo_trl.envs.webshop import OraclePolicy, webshop_task_rows
-from taspo_trl.envs.webshop.env import SEARCH_COMMAND
+from taspo_trl.envs.search import search_task_rows
+from taspo_trl.envs.webshop import webshop_task_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.privileged import RuleBasedAnalyzer, build_batch_pi
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
-from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir
+from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir, noisy_oracle_plan
 
 
-def webshop_plan(spec: dict[str, Any], rng: random.Random, epsilon: float) -> list[str]:
-    """The actions of one noisy-oracle WebShop episode, played on a fresh environment."""
-    env = get_env_factory("webshop")(spec)
-    env.reset()
-    oracle, words, actions = OraclePolicy(env.goal), env.task.split(), []
-    while True:
-        admissible = env.admissible_commands
-        if rng.random() < epsilon:
-            action = rng.choice(admissible)
-            if action == SEARCH_COMMAND:
-                action = f"search[{' '.join(rng.sample(words, min(3, len(words))))}]"
-        else:
-            action = oracle(admissible)
-        actions.append(action)
-        if env.step(action).done:
-            return actions
-
-
-def search_plan(spec: dict[str, Any], rng: random.Random, epsilon: float) -> list[str]:
-    """The actions of one noisy-oracle Search-QA episode: a random action does not advance the oracle's plan."""
-    env = get_env_factory("search")(spec)
-    env.reset()
-    plan, words, actions, done = oracle_actions(spec), re.findall(r"\w+", spec["question"]), [], 0
-    while True:
-        if rng.random() < epsilon:
-            query = " ".join(rng.sample(words, min(2, len(words))))
-            action = rng.choice([f"<search>{query}</search>", f"<answer>{rng.choice(words)}</answer>"])
-        else:
-            action, done = plan[min(done, len(plan) - 1)], done + 1
-        actions.append(action)
-        if env.step(action).done:
-            return actions
-
-
-ENVS: dict[str, tuple[Callable[..., list[dict[str, Any]]], Callable[..., list[str]]]] = {
-    "webshop": (lambda tasks: webshop_task_rows(split="train", max_tasks=tasks), webshop_plan),
-    "search": (lambda tasks: search_task_rows(split="train", max_tasks=tasks), search_plan),
+ENVS: dict[str, Callable[..., list[dict[str, Any]]]] = {
+    "webshop": lambda tasks: webshop_task_rows(split="train", max_tasks=tasks),
+    "search": lambda tasks: search_task_rows(split="train", max_tasks=tasks),
 }
 
 
 def rollouts(env: str, tasks: int, siblings: int, epsilon: float, seed: int, model_dir: str) -> list[Trajectory]:
-    rows, plan = ENVS[env]
-    specs = [task_spec_from_row(row) for row in rows(tasks) for _ in range(siblings)]
-    plans = [plan(spec, random.Random(f"{seed}:{k}"), epsilon) for k, spec in enumerate(specs)]
+    specs = [task_spec_from_row(row) for row in ENVS[env](tasks) for _ in range(siblings)]
+    plans = [noisy_oracle_plan(env, spec, random.Random(f"{seed}:{k}"), epsilon) for k, spec in enumerate(specs)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     generator = PlannedGenerator(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, plans)
     pool = EnvPool(get_env_factory(env))

@@ -12,6 +12,8 @@ Nothing in the training path imports this module.
 from __future__ import annotations
 
 import os
+import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,44 @@ def walkthrough_plans(walkthrough: list[str], max_turns: int, wins: int = 2) -> 
         ["inventory"] * max_turns,
     ]
     return (winning[:wins] + failing)[:4]
+
+
+def noisy_oracle_plan(env_name: str, spec: dict[str, Any], rng: random.Random, epsilon: float) -> list[str]:
+    """The actions of one episode of ``spec`` played by the environment's oracle with noise: at every turn, with
+    probability ``epsilon``, a random action instead (WebShop: a random clickable of the page, or a search for
+    random words of the instruction; Search-QA: a search for random words of the question, or one of them as the
+    answer, which does not advance the oracle's plan). Played on a fresh environment, so every action is one the
+    episode could take; groups of such siblings mix successes and failures as sampled groups do."""
+    from .envs import get_env_factory
+
+    env = get_env_factory(env_name)(spec)
+    env.reset()
+    if env_name == "webshop":
+        from .envs.webshop import OraclePolicy
+        from .envs.webshop.env import SEARCH_COMMAND
+
+        oracle, words = OraclePolicy(env.goal), env.task.split()
+
+        def act() -> str:
+            if rng.random() >= epsilon:
+                return oracle(env.admissible_commands)
+            action = rng.choice(env.admissible_commands)
+            return f"search[{' '.join(rng.sample(words, min(3, len(words))))}]" if action == SEARCH_COMMAND else action
+    elif env_name == "search":
+        from .envs.search import oracle_actions
+
+        plan, words, done = oracle_actions(spec), re.findall(r"\w+", spec["question"]), [0]
+
+        def act() -> str:
+            if rng.random() < epsilon:
+                query = " ".join(rng.sample(words, min(2, len(words))))
+                return rng.choice([f"<search>{query}</search>", f"<answer>{rng.choice(words)}</answer>"])
+            done[0] += 1
+            return plan[min(done[0] - 1, len(plan) - 1)]
+    else:
+        raise ValueError(f"no noisy oracle for environment {env_name!r} (webshop or search)")
+    actions = []
+    while True:
+        actions.append(act())
+        if env.step(actions[-1]).done:
+            return actions
