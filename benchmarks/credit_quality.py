@@ -23,19 +23,44 @@ Siblings (``--siblings``):
 - ``mixed``: the two winning plans plus sampled siblings for the rest of each group.
 With plans, a game's turn cap is raised to its walkthrough length + 1 where ``--max-turns`` is shorter.
 
+Other environments (``--env``): ``webshop`` and ``search`` play ``--tasks`` train tasks of the embedded catalogue
+or question set, every sibling by the environment's oracle with a random action at each turn with probability
+``--epsilon`` (``taspo_trl.testing.noisy_oracle_plan``), scored with the real log-probs of ``--model`` (default: the
+embedded base model). Their labels: WebShop, the fewest steps left to a purchase scoring 1 went down
+(``taspo_trl.envs.webshop.progress``); Search-QA, a search found a fact the answer needs, or the answer was right
+(``taspo_trl.envs.search.progress``).
+
+Each AUC comes with a 95 % interval from a bootstrap that resamples whole task groups (batch, group), since the
+actions of a trajectory and the trajectories of a group are not independent, and with the paired difference
+against GRPO and against TASPO on the same replicates (``taspo_trl.credit.quality.group_bootstrap_auc``). Next to
+each AUC, ``moved`` is the share of trajectories whose weights are not all 1: "no credit moved" (0) and "credit
+moved the wrong way" read differently.
+
+How many batches: on the committed 4-batch ALFWorld run (20 groups with a non-zero advantage on each side) the
+won-side AUC's 95 % half-width was 0.083-0.088, i.e. a standard error of about 0.044. For a method whose true AUC is
+0.6 to get an interval excluding 0.5 four times in five, 0.1 must be at least (1.96 + 0.84) standard errors, so
+the standard error must fall to 0.1 / 2.8 = 0.036: 4 x (0.044 / 0.036)^2 = 6 batches, rounded up to 7 for the
+groups that win nothing. At about 9 minutes a batch (TASPO, AlignOPSD and GiGPO on this 2-core CPU) that is about
+an hour, the default. ``--quick`` is one batch of two families with 200 resamples, for smoke runs.
+
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
 Not scored: Skill-GRPO (GRPO's credit; it changes the policy's prompt, hence the rollouts) and OPD (needs a larger
 teacher model).
 
     python benchmarks/credit_quality.py --model embedded --siblings scripted
+    python benchmarks/credit_quality.py --env webshop --tasks 16
+    python benchmarks/credit_quality.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import random
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,20 +70,30 @@ from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
-from taspo_trl.credit.quality import action_weights, mann_whitney_auc
+from taspo_trl.credit.quality import LabelledAction, action_weights, group_bootstrap_auc, mann_whitney_auc, moved_share
+from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.alfworld.env import read_game_file
 from taspo_trl.envs.alfworld.progress import goal_distances, made_progress
+from taspo_trl.envs.search import search_task_rows
+from taspo_trl.envs.search.progress import search_progress
+from taspo_trl.envs.webshop import webshop_task_rows
+from taspo_trl.envs.webshop.progress import webshop_distances, webshop_progress
 from taspo_trl.provenance import provenance
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
-from taspo_trl.testing import PlannedGenerator, walkthrough_plans
+from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 from taspo_trl.warmstart import resolve_policy_path, trained_history_window
 
-DEFAULT_MODEL = "embedded:smollm2-135m-alfworld"
+DEFAULT_MODELS = {"alfworld": "embedded:smollm2-135m-alfworld", "webshop": "embedded", "search": "embedded"}
+ENVIRONMENTS = tuple(DEFAULT_MODELS)
 SIBLINGS = ("sampled", "scripted", "mixed")
 POOLS = ("success", "failed")
+REFERENCES = ("grpo", "taspo")  # paired differences are taken against these
+DEFAULT_BATCHES = 7  # see "How many batches" above
+QUICK = {"batches": 1, "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"], "tasks": 4,
+         "resamples": 200}
 
 METHODS: dict[str, tuple[type, type, dict[str, Any]]] = {
     "grpo": (AgentGRPOConfig, AgentGRPOTrainer, {}),
@@ -88,6 +123,7 @@ def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int | No
         gradient_checkpointing=False,
         seed=args.seed if seed is None else seed,
         history_window=args.history_window,
+        environment=args.env,
         **settings,
     )
 
@@ -107,6 +143,18 @@ def _rows(games: list[Path], args: argparse.Namespace) -> tuple[list[dict[str, A
                 plans.append(scripted[k])
             else:
                 plans.append(None)
+    return rows, plans
+
+
+def _oracle_rows(args: argparse.Namespace, seed: int) -> tuple[list[dict[str, Any]], list[list[str | None]]]:
+    """WebShop or Search-QA rows, ``group_size`` siblings per task, each with its own noisy-oracle plan."""
+    build = webshop_task_rows if args.env == "webshop" else search_task_rows
+    rows, plans = [], []
+    for task, row in enumerate(build(split="train", max_tasks=args.tasks)):
+        spec = task_spec_from_row(row)
+        for k in range(args.group_size):
+            rows.append(dict(row))
+            plans.append(noisy_oracle_plan(args.env, spec, random.Random(f"{seed}:{task}:{k}"), args.epsilon))
     return rows, plans
 
 
@@ -152,18 +200,28 @@ def _play(trainer: AgentGRPOTrainer, rows: list[dict[str, Any]], plans: list) ->
     return seen, seen.pop("credit")
 
 
-def _labels(trajectories: list[Trajectory]) -> list[dict[str, Any]]:
-    """Planner distances and progress labels of every trajectory, replayed from its own commands."""
+def _labels(trajectories: list[Trajectory], env: str = "alfworld") -> list[dict[str, Any]]:
+    """Every trajectory's progress labels, from its own commands (``""`` where the loop sent no valid action):
+    ALFWorld's planner distances, WebShop's fewest steps to the goal purchase, Search-QA's found facts."""
     games: dict[str, dict[str, Any]] = {}
     out = []
     for i, trajectory in enumerate(trajectories):
-        game_file = trajectory.task_spec["game_file"]
-        game = games.setdefault(game_file, read_game_file(game_file))
         commands = [turn.action if turn.action_valid else "" for turn in trajectory.turns]  # as the loop sent them
-        distances = goal_distances(game, commands)
+        if env == "search":
+            observations = [turn.observation for turn in trajectory.turns]
+            out.append({"commands": commands, "progress": search_progress(trajectory.task_spec, commands, observations)})
+            continue
+        if env == "webshop":
+            distances = webshop_distances(trajectory.task_spec, commands)
+            progress = webshop_progress(distances)
+        else:
+            game_file = trajectory.task_spec["game_file"]
+            game = games.setdefault(game_file, read_game_file(game_file))
+            distances = goal_distances(game, commands)
+            progress = made_progress(distances)
         if (distances[-1] == 0) != trajectory.won:
             raise RuntimeError(f"trajectory {i}: the replay ends at distance {distances[-1]} but won={trajectory.won}")
-        out.append({"commands": commands, "distances": distances, "progress": made_progress(distances)})
+        out.append({"commands": commands, "distances": distances, "progress": progress})
     return out
 
 
@@ -223,6 +281,79 @@ def score(credit: list, advantages: list[float], won: list[bool], labels: list[d
     return out
 
 
+def bootstrap(
+    weights: dict[str, list[list[float] | None]], won: list[bool], progress: list[list[bool | None]],
+    groups: list[Any], resamples: int, seed: int,
+) -> dict[str, Any]:
+    """Per pool, every method's AUC interval and its paired differences against ``REFERENCES``, resampling task
+    groups. ``weights[m][i]``: trajectory i's action weights under method m (``None`` when its A_i is 0);
+    ``groups[i]``: its task group (batch, group)."""
+    methods = list(weights)
+    references = [r for r in REFERENCES if r in weights]
+    out = {}
+    for pool in POOLS:
+        actions = [
+            LabelledAction(groups[i], {m: weights[m][i][t] for m in methods}, label)
+            for i, (success, labels) in enumerate(zip(won, progress, strict=True))
+            if weights["grpo"][i] is not None and success == (pool == "success")
+            for t, label in enumerate(labels) if label is not None
+        ]
+        out[pool] = group_bootstrap_auc(actions, methods, references, resamples=resamples, seed=seed)
+    return out
+
+
+def interval_entries(weights: dict[str, list[list[float] | None]], won: list[bool],
+                     progress: list[list[bool | None]], groups: list[Any], resamples: int, seed: int) -> dict[str, Any]:
+    """What the JSON keeps of the bootstrap: per method its intervals and moved shares, and the bootstrap's
+    settings."""
+    intervals = bootstrap(weights, won, progress, groups, resamples, seed)
+    per_method = {
+        m: {
+            "intervals": {pool: intervals[pool].as_dict()["methods"][m] for pool in POOLS},
+            "moved": {pool: moved_share([w for w, success in zip(weights[m], won) if success == (pool == "success")])
+                      for pool in POOLS},
+        }
+        for m in weights
+    }
+    settings = {"unit": "task group (batch, group)", "resamples": resamples,
+                "kept": {pool: intervals[pool].kept for pool in POOLS}}
+    return {"methods": per_method, "bootstrap": settings}
+
+
+def rescore(path: Path, resamples: int, seed: int) -> dict[str, Any]:
+    """Add the intervals to a result file written before they existed, from the trajectories it holds (their
+    weights and labels); a trajectory's group is its recorded one, else (its batch, its game)."""
+    results = json.loads(path.read_text())
+    trajectories = results["trajectories"]
+    per_batch = len(trajectories) // max(1, int(results["settings"].get("batches", 1)))
+    groups = [tuple(t["group"]) if "group" in t else (i // per_batch, t["game"]) for i, t in enumerate(trajectories)]
+    weights = {m: [t["weights"][m] for t in trajectories] for m in results["methods"]}
+    added = interval_entries(weights, [t["won"] for t in trajectories], [t["progress"] for t in trajectories],
+                             groups, resamples, seed)
+    for method, entry in added["methods"].items():
+        results["methods"][method].update(entry)
+    results["bootstrap"] = {**added["bootstrap"], "added": "afterwards, from this file's trajectories (--rescore)"}
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    _print_table(results)
+    return results
+
+
+def _task_name(spec: dict[str, Any], game_names: dict[str, str]) -> str:
+    if "game_file" in spec:
+        return game_names[spec["game_file"]]
+    return str(spec.get("id", spec.get("goal_index", spec.get("task", ""))))
+
+
+def warm_start_fingerprint(model_dir: str) -> str | None:
+    """A short hash of the warm start's recorded fingerprint (its settings and the code that made its data), so
+    two results can be told to come from the same build; ``None`` for a model that is not a warm start."""
+    record = Path(model_dir) / "warm_start.json"
+    if not record.is_file():
+        return None
+    fingerprint = json.loads(record.read_text()).get("fingerprint")
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def plot(results: dict[str, Any], path: Path, title: str) -> None:
     import matplotlib
 
@@ -234,15 +365,19 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
     width = 0.38
     for offset, pool, label in ((-width / 2, "success", "successful (good: > 0.5)"), (width / 2, "failed", "failed (good: < 0.5)")):
         values = [results["methods"][m]["scores"][pool]["auc"] for m in methods]
-        xs = [k + offset for k in range(len(methods))]
-        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width, label=label)
-        for x, v in zip(xs, values):
-            ax.text(x, 0.02 if v is None else v + 0.01, "n/a" if v is None else f"{v:.2f}", ha="center", fontsize=7)
+        bounds = [results["methods"][m]["intervals"][pool]["auc"] for m in methods]
+        shown = [k for k, v in enumerate(values) if v is not None]
+        errors = [[values[k] - (bounds[k]["low"] if bounds[k]["low"] is not None else values[k]) for k in shown],
+                  [(bounds[k]["high"] if bounds[k]["high"] is not None else values[k]) - values[k] for k in shown]]
+        ax.bar([k + offset for k in shown], [values[k] for k in shown], width, yerr=errors, capsize=3, label=label)
+        for k, v in enumerate(values):
+            top = 0.02 if v is None else (bounds[k]["high"] or v) + 0.01
+            ax.text(k + offset, top, "n/a" if v is None else f"{v:.2f}", ha="center", fontsize=7)
     ax.axhline(0.5, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("AUC of action weight vs. made progress")
-    ax.set_title(title, fontsize=9)
+    ax.set_ylabel("AUC vs. made progress (95 % interval)")
+    ax.set_title(textwrap.fill(title, 70), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -251,7 +386,9 @@ def plot(results: dict[str, Any], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="policy (default: the warm-started embedded policy)")
+    parser.add_argument("--env", default="alfworld", choices=ENVIRONMENTS)
+    parser.add_argument("--model", default=None,
+                        help="policy (default: the warm-started embedded policy on ALFWorld, the embedded model elsewhere)")
     parser.add_argument("--siblings", default="sampled", choices=SIBLINGS)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--games-per-type", type=int, default=1, help="games of each of the six families")
@@ -262,8 +399,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--games-seed", type=int, default=0,
                         help="seed of the generated train games (0: the quickstart's, which the warm start saw)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first batch")
-    parser.add_argument("--batches", type=int, default=1,
+    parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES,
                         help="batches to play on the same games and pool, batch b sampled with seed --seed + b")
+    parser.add_argument("--tasks", type=int, default=16, help="WebShop / Search-QA: train tasks per batch")
+    parser.add_argument("--epsilon", type=float, default=0.3,
+                        help="WebShop / Search-QA: probability of a random action at each turn of a sibling")
+    parser.add_argument("--resamples", type=int, default=2000, help="bootstrap replicates for the intervals")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke setting: 1 batch, 2 ALFWorld families or 4 tasks, 200 resamples")
     parser.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=False,
         help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
@@ -271,7 +414,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the one the warm start was trained with, else 1)")
     parser.add_argument("--out", default="outputs/credit_quality", help="folder for credit_quality.json and .png")
+    parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
+                        help="only add the intervals to an earlier result file, from its trajectories")
     args = parser.parse_args(argv)
+    if args.rescore:
+        return rescore(args.rescore, args.resamples, args.seed)
+    if args.quick:  # the quick setting fills in what the command line left at its default
+        vars(args).update({k: v for k, v in QUICK.items() if getattr(args, k) == parser.get_default(k)})
+    if args.env != "alfworld" and args.siblings == "sampled":
+        args.siblings = "scripted"  # the embedded model cannot win WebShop or Search-QA: noisy-oracle siblings
+    args.model = args.model or DEFAULT_MODELS[args.env]
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]  # GRPO's trainer plays the batch
 
@@ -281,8 +433,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     batches = []
     with tempfile.TemporaryDirectory() as tmp:
-        games = generate_games(Path(tmp) / "games", args.games_per_type, args.games_seed, "train",
-                               task_types=args.task_types)
+        games = [] if args.env != "alfworld" else generate_games(
+            Path(tmp) / "games", args.games_per_type, args.games_seed, "train", task_types=args.task_types)
         names = {str(g): str(g.parent.parent.name) for g in games}  # the family-object-receptacle-scene folder
         for b in range(args.batches):
             print(f"batch {b + 1} of {args.batches} (sampling seed {args.seed + b})", flush=True)
@@ -294,11 +446,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for key in ("trajectories", "advantages", "won", "labels", "plans")
     )
     credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods}
+    groups = [(b, t.group) for b, batch in enumerate(batches) for t in batch["trajectories"]]
+    weights = {m: [action_weights(c, a) for c, a in zip(credit[m], advantages, strict=True)] for m in credit}
+    intervals = interval_entries(weights, won, [label["progress"] for label in labels], groups, args.resamples,
+                                 args.seed)
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
+        "precision": "bf16 autocast" if args.bf16 else "float32",
+        "warm_start_fingerprint": warm_start_fingerprint(model),
         "batch": _batch_summary(advantages, won, labels),
         "seconds": [batch["seconds"] for batch in batches],
-        "methods": {m: {"scores": score(credit[m], advantages, won, labels)} for m in credit},
+        "bootstrap": intervals["bootstrap"],
+        "methods": {m: {"scores": score(credit[m], advantages, won, labels), **intervals["methods"][m]} for m in credit},
         "per_batch": [
             {
                 "seed": args.seed + b,
@@ -310,28 +469,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
         "trajectories": [
             {
-                "game": names[t.task_spec["game_file"]], "won": t.won, "advantage": a,
+                "game": _task_name(t.task_spec, names), "group": list(group), "won": t.won, "advantage": a,
                 "planned": plan is not None, **label,
-                "weights": {m: action_weights(credit[m][i], a) for m in credit},
+                "weights": {m: weights[m][i] for m in credit},
             }
-            for i, (t, a, label, plan) in enumerate(zip(trajectories, advantages, labels, plans))
+            for i, (t, a, label, plan, group) in enumerate(zip(trajectories, advantages, labels, plans, groups))
         ],
     }
     results["provenance"] = provenance(argv, __file__)
     (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
-    title = f"{args.model}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
+    title = f"{args.env}, {Path(args.model).name}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
     plot(results, out_dir / "credit_quality.png", title)
     _print_table(results)
     return results
 
 
 def play_batch(model: str, args: argparse.Namespace, games: list[Path], seed: int) -> dict[str, Any]:
-    """One batch: ``games``, ``--group-size`` siblings each, played once by GRPO's trainer with sampling seed
-    ``seed``, labelled by the planner, and credited by every method of ``--methods``."""
+    """One batch: ``games`` (ALFWorld) or ``--tasks`` tasks, ``--group-size`` siblings each, played once by GRPO's
+    trainer with sampling seed ``seed``, labelled, and credited by every method of ``--methods``."""
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
-        rows, plans = _rows(games, args)
+        rows, plans = _rows(games, args) if args.env == "alfworld" else _oracle_rows(args, seed)
         dataset = Dataset.from_list(rows)
 
         started = time.perf_counter()
@@ -347,7 +506,7 @@ def play_batch(model: str, args: argparse.Namespace, games: list[Path], seed: in
         advantages = [float(a) for a in seen["advantages"]]
 
         started = time.perf_counter()
-        labels = _labels(trajectories)
+        labels = _labels(trajectories, args.env)
         seconds["labels"] = time.perf_counter() - started
 
         credit = {"grpo": grpo_credit}
@@ -388,17 +547,28 @@ def _fraction(flags: list[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
+def _cell(value: float | None, interval: dict[str, float | None]) -> str:
+    if value is None:
+        return "n/a"
+    if interval["low"] is None:
+        return f"{value:.3f}"
+    return f"{value:.3f} [{interval['low']:.3f}, {interval['high']:.3f}]"
+
+
 def _print_table(results: dict[str, Any]) -> None:
     batch = results["batch"]
     print(f"{batch['trajectories']} trajectories, {batch['won']} won, {batch['nonzero_advantage']} with A != 0")
-    print("| method | AUC successful (n progress / other) | AUC failed (n progress / other) |")
-    print("|---|---|---|")
+    print("| method | AUC won [95 %] | moved | AUC failed [95 %] | moved | won - GRPO | failed - GRPO |")
+    print("|---|---|---|---|---|---|---|")
     for method, entry in results["methods"].items():
         cells = []
         for pool in POOLS:
-            s = entry["scores"][pool]
-            auc = "n/a" if s["auc"] is None else f"{s['auc']:.3f}"
-            cells.append(f"{auc} ({s['progress_actions']} / {s['other_actions']})")
+            auc = entry["intervals"][pool]["auc"]
+            moved = entry["moved"][pool]
+            cells += [_cell(entry["scores"][pool]["auc"], auc), "n/a" if moved is None else f"{moved:.2f}"]
+        for pool in POOLS:
+            diff = entry["intervals"][pool].get("minus_grpo")
+            cells.append("-" if diff is None else _cell(diff["estimate"], diff))
         print(f"| {method} | {' | '.join(cells)} |")
 
 

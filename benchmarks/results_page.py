@@ -50,6 +50,14 @@ def _auc(value: float) -> str:
     return f"{value:.3f}"
 
 
+def _with_interval(value: float, interval: dict[str, float | None], signed: bool = False) -> str:
+    number = f"{value:+.3f}" if signed else f"{value:.3f}"
+    if interval["low"] is None:
+        return number
+    return f"{number} [{interval['low']:+.3f}, {interval['high']:+.3f}]" if signed else \
+        f"{number} [{interval['low']:.3f}, {interval['high']:.3f}]"
+
+
 def credit_quality(result: dict[str, Any]) -> str:
     """Per method, the AUC of the action weights against the planner's progress labels."""
     summary = result["batch"]
@@ -62,13 +70,24 @@ def credit_quality(result: dict[str, Any]) -> str:
         "trajectories an AUC above 0.5 means progress actions get more of the reward; in failed ones an AUC below "
         "0.5 means they get less of the blame. GRPO is 0.5 by construction.",
         "",
-        "| method | AUC won | progress / other actions | AUC failed | progress / other actions |",
-        "|---|---|---|---|---|",
+        "| method | AUC won [95 %] | moved | AUC failed [95 %] | moved | won: minus GRPO | failed: minus GRPO |",
+        "|---|---|---|---|---|---|---|",
     ]
     for method, entry in result["methods"].items():
-        won, failed = entry["scores"]["success"], entry["scores"]["failed"]
-        lines.append(f"| {method} | {_auc(won['auc'])} | {won['progress_actions']} / {won['other_actions']} | "
-                     f"{_auc(failed['auc'])} | {failed['progress_actions']} / {failed['other_actions']} |")
+        cells = []
+        for pool in ("success", "failed"):
+            cells += [_with_interval(entry["scores"][pool]["auc"], entry["intervals"][pool]["auc"]),
+                      f"{entry['moved'][pool]:.2f}"]
+        for pool in ("success", "failed"):
+            diff = entry["intervals"][pool].get("minus_grpo")
+            cells.append("-" if diff is None else _with_interval(diff["estimate"], diff, signed=True))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    bootstrap, counts = result["bootstrap"], next(iter(result["methods"].values()))["scores"]
+    added = f"; {bootstrap['added']}" if bootstrap.get("added") else ""
+    lines += ["", f"Intervals: 95 % percentile bootstrap over whole task groups ({bootstrap['resamples']} resamples"
+              f"{added}). *moved*: the share of trajectories whose weights are not all 1. Actions counted (progress "
+              f"/ other): won {counts['success']['progress_actions']} / {counts['success']['other_actions']}, failed "
+              f"{counts['failed']['progress_actions']} / {counts['failed']['other_actions']}."]
     lines += ["", "Per batch (sampling seed), AUC won / failed:", "",
               "| method | " + " | ".join(f"seed {b['seed']}" for b in result["per_batch"]) + " |",
               "|---|" + "---|" * len(result["per_batch"])]

@@ -19,6 +19,7 @@ def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     results = credit_quality.main([
         "--model", tiny_model_dir, "--siblings", "mixed", "--task-types", "pick_and_place_simple",
         "--methods", "gigpo", "--max-turns", "3", "--max-completion-length", "8", "--out", str(out),
+        "--batches", "1", "--resamples", "50",
     ])
     assert json.loads((out / "credit_quality.json").read_text()) == json.loads(json.dumps(results))
     assert (out / "credit_quality.png").stat().st_size > 0
@@ -37,6 +38,26 @@ def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     assert set(results["methods"]) == {"grpo", "gigpo"}
     # one batch: the pooled scores are that batch's
     assert [{m: e["scores"] for m, e in results["methods"].items()}] == [b["methods"] for b in results["per_batch"]]
+    # GRPO moves no weight: its interval is the point 0.5 and no trajectory's weights moved
+    assert results["methods"]["grpo"]["intervals"]["success"]["auc"] == {"estimate": 0.5, "low": 0.5, "high": 0.5}
+    assert results["methods"]["grpo"]["moved"]["success"] == 0.0
+    assert results["bootstrap"]["resamples"] == 50 and results["precision"] == "float32"
+    assert results["provenance"]["command"].startswith("python benchmarks/credit_quality.py")
+
+
+@pytest.mark.slow  # about a minute each on 2 cores
+@pytest.mark.parametrize("env", ["webshop", "search"])
+def test_noisy_oracle_siblings_on_the_other_environments(credit_quality, tiny_model_dir, tmp_path, env):
+    results = credit_quality.main(["--env", env, "--quick", "--tasks", "2", "--model", tiny_model_dir,
+                                   "--methods", "gigpo", "--out", str(tmp_path)])
+    assert results["settings"]["siblings"] == "scripted" and results["batch"]["trajectories"] == 8
+    for trajectory in results["trajectories"]:
+        assert len(trajectory["progress"]) == len(trajectory["commands"])
+        if env == "webshop":  # a win ends at distance 0 of the fewest steps to the goal purchase
+            assert (trajectory["distances"][-1] == 0) == trajectory["won"]
+        elif trajectory["won"]:  # a right answer is the last action, and it is progress
+            assert trajectory["progress"][-1] is True
+    assert set(results["methods"]["gigpo"]["intervals"]["failed"]) == {"auc", "minus_grpo"}
 
 
 class _TeacherPass:

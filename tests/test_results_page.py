@@ -30,8 +30,8 @@ def test_a_changed_json_value_changes_the_page(page, tmp_path):
     data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
     path.write_text(json.dumps(data))
     changed = page.render(results)
-    assert "| taspo | 0.610 | 209 / 75 | 0.430 |" in changed
-    assert "| taspo | 0.575 |" in page.render() and changed != page.render()
+    assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | 0.430 [0.354, 0.498] |" in changed
+    assert "| taspo | 0.575 [0.484, 0.657] |" in page.render() and changed != page.render()
 
 
 def test_check_mode_fails_on_a_stale_page(page, tmp_path, monkeypatch, capsys):
