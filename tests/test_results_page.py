@@ -21,6 +21,12 @@ def test_committed_results_page_matches_the_json(page):
     assert page.PAGE.read_text(encoding="utf-8") == page.render(), "run python benchmarks/results_page.py"
 
 
+def test_readme_results_table_matches_the_json(page):
+    readme = page.README.read_text(encoding="utf-8")
+    assert page.with_readme_table(readme, page.render_readme_table()) == readme, "run python benchmarks/results_page.py"
+    assert "taspo 0.575 [0.484, 0.657] / 0.430 [0.354, 0.498]" in readme
+
+
 def test_a_changed_json_value_changes_the_page(page, tmp_path):
     results = tmp_path / "results"
     shutil.copytree(page.RESULTS, results)
@@ -32,16 +38,27 @@ def test_a_changed_json_value_changes_the_page(page, tmp_path):
     changed = page.render(results)
     assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | 0.430 [0.354, 0.498] |" in changed
     assert "| taspo | 0.575 [0.484, 0.657] |" in page.render() and changed != page.render()
+    assert "taspo 0.610 [0.484, 0.657]" in page.render_readme_table(results)
 
 
-def test_check_mode_fails_on_a_stale_page(page, tmp_path, monkeypatch, capsys):
-    stale = tmp_path / "results.md"
+def test_check_mode_fails_on_a_stale_page_or_readme(page, tmp_path, monkeypatch, capsys):
+    stale, readme = tmp_path / "results.md", tmp_path / "README.md"
     stale.write_text(page.render().replace("0.575", "0.999"), encoding="utf-8")
+    readme.write_text(page.README.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr(page, "PAGE", stale)
+    monkeypatch.setattr(page, "README", readme)
     assert page.main(["--check"]) == 1
-    assert "does not match" in capsys.readouterr().err
+    assert "results.md do not match benchmarks/results/" in capsys.readouterr().err
     stale.write_text(page.render(), encoding="utf-8")
     assert page.main(["--check"]) == 0
+    readme.write_text(readme.read_text(encoding="utf-8").replace("+0.026 under", "+0.999 under"), encoding="utf-8")
+    assert page.main(["--check"]) == 1
+    assert "README.md do not match" in capsys.readouterr().err
+
+
+def test_a_readme_without_the_markers_is_refused(page):
+    with pytest.raises(ValueError, match="lacks the markers"):
+        page.with_readme_table("# no table here\n", "| a |")
 
 
 def test_every_section_states_date_commit_cpu_and_command(page):
