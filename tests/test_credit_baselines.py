@@ -472,7 +472,8 @@ def test_sdar_official_hand_computed_value_and_advantage():
 def test_sdar_beta_zero_is_sdars_grpo_opsd_constant_half_weight():
     # SDAR's GRPO+OPSD launchers run this term with gate_beta=0.0: sigma(0) = 1/2 whatever the teacher says, so
     # the advantage is coef / 2 on every kept token.
-    adv = gradient_equivalent_advantages(sdar_loss, torch.tensor(STUDENT, dtype=F64), teacher(), MASK, coef=0.01, beta=0.0)
+    student = torch.tensor(STUDENT, dtype=F64)
+    adv = gradient_equivalent_advantages(sdar_loss, student, teacher(), MASK, coef=0.01, beta=0.0)
     assert adv.tolist() == [[0.005, 0.005, 0.0], [0.005, 0.005, 0.005]]
 
 

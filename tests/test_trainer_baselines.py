@@ -310,6 +310,34 @@ def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, t
         assert trajectory == [pytest.approx(a)] * len(trajectory)
 
 
+# The comparison methods' launchers of the official code (SDAR's examples/{sdar,rlsd}_trainer/run_*_3b.sh and
+# verl-agent's examples/gigpo_trainer/run_*.sh, which SDAR ships), per benchmark. RLSD's decay length is the default
+# of the RLSDRayTrainer that Align-OPSD ships (50; SDAR's launchers override it with 100).
+OFFICIAL_LAUNCHERS = {
+    "sdar": {env: {"distill_coef": 0.01, "sdar_beta": 5.0} for env in ("alfworld", "webshop", "search")},
+    "rlsd": {
+        env: {"rlsd_lambda": 0.5, "rlsd_decay_steps": 50, "rlsd_clip": 0.2} for env in ("alfworld", "webshop", "search")
+    },
+    "gigpo": {
+        env: {"gigpo_omega": 1.0, "gigpo_gamma": 0.95, "gigpo_norm": norm, "gigpo_similarity_threshold": similarity}
+        for env, norm, similarity in (("alfworld", "mean_std", None), ("webshop", "mean", None), ("search", "mean_std", 0.9))
+    },
+}
+
+
+@pytest.mark.parametrize("method", sorted(OFFICIAL_LAUNCHERS))
+def test_baseline_recipes_follow_the_official_launchers(method):
+    import yaml
+
+    recipes = Path(__file__).resolve().parents[1] / "taspo_trl" / "recipes"
+    paths = sorted(recipes.glob(f"paper/*/{method}_*.yaml")) + sorted(recipes.glob(f"quickstart/*_{method}_cpu.yaml"))
+    assert len(paths) >= 3, paths
+    for path in paths:
+        data = yaml.safe_load(path.read_text())
+        want = OFFICIAL_LAUNCHERS[method][data["environment"]]
+        assert {key: data.get(key) for key in want} == want, path.name
+
+
 def test_bad_settings_fail_before_training(tmp_path):
     with pytest.raises(ValueError, match="baseline must be one of"):
         _config(tmp_path, baseline="ppo")
@@ -319,6 +347,10 @@ def test_bad_settings_fail_before_training(tmp_path):
         _config(tmp_path, baseline="opsd", teacher_policy="ema")
     with pytest.raises(ValueError, match="opid_max_step_skills must be >= 0"):
         _config(tmp_path, baseline="opid", opid_max_step_skills=-1)
+    with pytest.raises(ValueError, match="gigpo_norm must be one of"):
+        _config(tmp_path, baseline="gigpo", gigpo_norm="std")
+    with pytest.raises(ValueError, match="gigpo_similarity_threshold must be in"):
+        _config(tmp_path, baseline="gigpo", gigpo_similarity_threshold=1.0)
 
 
 def test_teacher_sync_steps_and_teacher_policy_are_one_setting(tmp_path):
