@@ -243,6 +243,23 @@ def test_gigpo_official_similarity_grouping_compares_with_each_clusters_first_me
             anchor_state_groups([["a"]], [0], similarity_threshold=bad)
 
 
+@PROPS
+@given(
+    observations=st.lists(st.lists(st.text(alphabet="ab ", max_size=6), min_size=1, max_size=4), min_size=1, max_size=5),
+    groups=st.lists(st.integers(0, 1), min_size=5, max_size=5),
+    threshold=st.floats(0.05, 0.95),
+)
+def test_gigpo_similarity_groups_merge_exact_groups_and_stay_within_task_groups(observations, groups, threshold):
+    groups = groups[: len(observations)]
+    exact = anchor_state_groups(observations, groups)
+    similar = anchor_state_groups(observations, groups, similarity_threshold=threshold)
+    merged: dict = {}
+    for g, exact_labels, similar_labels in zip(groups, exact, similar, strict=True):
+        for e, m in zip(exact_labels, similar_labels, strict=True):
+            assert merged.setdefault(("exact", e), m) == m  # the same text always lands in the same cluster
+            assert merged.setdefault(("task", m), g) == g  # a cluster never spans two task groups
+
+
 def test_gigpo_no_shared_anchor_gives_zero_step_advantage():
     obs = [["a", "b"], ["a", "c"], ["a"], ["a", "b", "d"]]
     rew = [[0, 1], [0, 0], [0], [0, 0, 1]]
