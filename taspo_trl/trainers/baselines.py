@@ -3,7 +3,8 @@
 way (`register_credit`).
 
 Every method changes only the per-token advantages of the GRPO step (`turn_advantages`):
-- redistribution or shaping of the outcome advantage A (RLSD, OPID, GiGPO, StepOPSD);
+- redistribution or shaping of the outcome advantage A (RLSD, OPID, StepOPSD), or GiGPO's own episode and step
+  advantages;
 - distillation terms (OPSD, GRPO+OPSD, SDAR, Skill-SD, OPD), which enter as their gradient-equivalent advantage
   (`credit.distillation.gradient_equivalent_advantages`): at the rollout snapshot the clipped surrogate then takes
   exactly the gradient of `L_GRPO + L_distill`, with no second forward pass;
