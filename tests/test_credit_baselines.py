@@ -1,6 +1,11 @@
 """Comparison methods (``taspo_trl.credit.baselines``, ``.distillation``, ``.registry``): hand-computed
 worked examples, the degenerate cases that must give GRPO back, the papers' stated properties (hypothesis) and the
-gradient direction of every loss term."""
+gradient direction of every loss term.
+
+Parity with the official code (SDAR's repository ZJU-REAL/SDAR, whose ``sdar_utils``, ``rlsd_utils`` and
+``gigpo/core_gigpo`` Align-OPSD's trainers import): each ``*_official_*`` test says where its expected numbers come
+from, either a fixture of the official tests (Align-OPSD ``tests/test_sdar_auxiliary.py``) or a hand calculation of
+the official function it names."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from taspo_trl.credit.baselines import (
     anchor_state_groups,
     discounted_returns,
     gigpo_advantages,
+    gigpo_episode_advantages,
     gigpo_step_advantages,
     opid_advantages,
     rlsd_advantages,
@@ -22,6 +28,7 @@ from taspo_trl.credit.baselines import (
     stepopsd_advantages,
 )
 from taspo_trl.credit.distillation import (
+    gradient_equivalent_advantages,
     importance_weights,
     sampled_reverse_kl,
     sdar_gate,
@@ -59,7 +66,9 @@ def teacher() -> torch.Tensor:
 # RLSD
 
 
-def test_rlsd_hand_computed():
+def test_rlsd_official_formula_hand_computed():
+    # Hand calculation of the official compute_rlsd_token_advantage (rlsd_utils): w = clamp(exp(sign(A) Delta),
+    # 1 - eps, 1 + eps), A_hat = A ((1 - lam) + lam w), times the response mask.
     delta = torch.tensor([[0.1, -1.0, NAN], [0.1, 0.0, -1.0]], dtype=F64)
     out = rlsd_advantages(ADV, delta, MASK, lam=0.5, clip_eps=0.2)
     # row 0, A = 1 (sign +1):
@@ -75,6 +84,12 @@ def test_rlsd_hand_computed():
     assert out.dtype == F64
 
 
+def test_rlsd_zero_advantage_stays_zero_as_in_the_official_code():
+    # Official: sign(0) = 0, so w = clamp(exp(0)) = 1 and A_hat = 0 * 1 = 0 on every token.
+    out = rlsd_advantages(torch.tensor([0.0, 0.0]), torch.tensor([[3.0, -3.0, 0.0], [1.0, 1.0, 1.0]]), MASK, lam=0.5)
+    assert torch.equal(out, torch.zeros(2, 3))
+
+
 def test_rlsd_lambda_zero_is_grpo_exactly():
     adv = grpo_outcome_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=4)
     mask = torch.ones(4, 3)
@@ -82,13 +97,30 @@ def test_rlsd_lambda_zero_is_grpo_exactly():
     assert torch.equal(out, adv.unsqueeze(-1).expand(4, 3))
 
 
-def test_rlsd_lambda_schedule():
-    # lam0 * max(0, 1 - step/50): 0.5, 0.5*0.5 = 0.25, 0, 0
-    assert [rlsd_lambda(s) for s in (0, 25, 50, 80)] == [0.5, 0.25, 0.0, 0.0]
+def test_rlsd_lambda_official_schedule_counts_from_one():
+    # Hand calculation of the official RLSDRayTrainer._get_rlsd_lambda(global_steps): 0 if global_steps >= D, else
+    # lam0 (1 - global_steps / D), where verl's global_steps is 1 during the first update and TRL's step is 0.
+    # D = 50 (the code's default): TRL step 0 -> official 1: 0.5 (1 - 1/50) = 0.49; 24 -> 25: 0.25;
+    # 48 -> 49: 0.5/50 = 0.01; 49 -> 50: 0; 80 -> 81: 0
+    assert [rlsd_lambda(s) for s in (0, 24, 48, 49, 80)] == pytest.approx([0.49, 0.25, 0.01, 0.0, 0.0], abs=1e-12)
+    # D = 100 (SDAR's RLSD launchers, warmdown_steps=100): 0 -> 0.5 * 0.99 = 0.495; 98 -> 0.005; 99 -> 0
+    assert [rlsd_lambda(s, 0.5, 100) for s in (0, 98, 99)] == pytest.approx([0.495, 0.005, 0.0], abs=1e-12)
     with pytest.raises(ValueError):
         rlsd_lambda(-1)
     with pytest.raises(ValueError):
         rlsd_advantages(ADV, torch.zeros(2, 3), MASK, lam=1.5)
+
+
+@PROPS
+@given(step=st.integers(0, 500), lam0=st.floats(0, 1), decay=st.integers(1, 300))
+def test_rlsd_lambda_decays_linearly_from_the_first_update_and_ends_at_grpo(step, lam0, decay):
+    lam = rlsd_lambda(step, lam0, decay)
+    assert 0.0 <= lam <= lam0 * (1 - 1 / decay) + 1e-12  # already decayed once at the first update
+    assert rlsd_lambda(step + 1, lam0, decay) <= lam  # never rises
+    if step + 1 >= decay:  # the official step number reached the warm-down length: plain GRPO
+        assert lam == 0.0
+    else:  # one decay step is lam0 / decay
+        assert lam - rlsd_lambda(step + 1, lam0, decay) == pytest.approx(lam0 / decay, abs=1e-12)
 
 
 @PROPS
@@ -157,21 +189,29 @@ GIGPO_REW = [[0.0, 1.0], [0.0, 0.0, 0.0], [1.0]]
 GIGPO_GROUPS = [0, 0, 1]
 
 
-def test_gigpo_hand_computed_mean_norm():
-    # gamma = 0.5: traj 0 returns [0.5, 1]; traj 1 [0, 0, 0]; traj 2 [1]
-    # anchor (0, s0): {0.5, 0} mean 0.25 -> A_S = +0.25 (traj 0), -0.25 (traj 1)
-    # anchor (0, s1): {1, 0} mean 0.5 -> +0.5 (traj 0 step 1), -0.5 (traj 1 step 2)
-    # anchor (0, s2) and (1, s0) are singletons -> 0
+def test_gigpo_official_hand_computed_mean_norm():
+    # Hand calculation of verl-agent's compute_gigpo_outcome_advantage, mode "mean_norm" (remove_std=True).
+    # A_S (step_norm_reward), gamma = 0.5: traj 0 returns [0.5, 1]; traj 1 [0, 0, 0]; traj 2 [1]
+    #   anchor (0, s0): {0.5, 0} mean 0.25 -> A_S = +0.25 (traj 0), -0.25 (traj 1)
+    #   anchor (0, s1): {1, 0} mean 0.5 -> +0.5 (traj 0 step 1), -0.5 (traj 1 step 2)
+    #   anchor (0, s2) and (1, s0) are singletons -> 0
     steps = gigpo_step_advantages(GIGPO_OBS, GIGPO_REW, GIGPO_GROUPS, gamma=0.5)
     assert [s.tolist() for s in steps] == [[0.25, 0.5], [-0.25, 0.0, -0.5], [0.0]]
-    # A = A_E + 1 * A_S with A_E = [1, -1, 0]
-    full = gigpo_advantages([1.0, -1.0, 0.0], GIGPO_OBS, GIGPO_REW, GIGPO_GROUPS, gamma=0.5)
-    assert [s.tolist() for s in full] == [[1.25, 1.5], [-1.25, -1.0, -1.5], [0.0]]
+    # A_E (episode_norm_reward, compute_mean_std_cross_steps=True): episode scores [1, 0, 1] (sums of the step
+    #   rewards); task group 0 has the rows [1, 1, 0, 0, 0] (2 + 3 steps), mean 0.4 -> A_E = 0.6, -0.4; task
+    #   group 1 has one row: mean 0, std 1 -> A_E = 1
+    episode = gigpo_episode_advantages([1.0, 0.0, 1.0], [2, 3, 1], GIGPO_GROUPS)
+    assert episode.tolist() == pytest.approx([0.6, -0.4, 1.0], abs=1e-12)
+    # A = A_E + 1 * A_S
+    full = gigpo_advantages(GIGPO_OBS, GIGPO_REW, GIGPO_GROUPS, gamma=0.5)
+    expected = [[0.85, 1.1], [-0.65, -0.4, -0.9], [1.0]]
+    assert [s.tolist() for s in full] == [pytest.approx(e, abs=1e-12) for e in expected]
 
 
-def test_gigpo_hand_computed_mean_std_norm():
-    # (0, s0): {0.5, 0}: unbiased std = sqrt(2 * 0.25^2 / 1) = 0.3535534 -> +-0.25/0.3535534 = +-0.7071068
-    # (0, s1): {1, 0}: std = sqrt(2 * 0.5^2) = 0.7071068 -> +-0.5/0.7071068 = +-0.7071068; singletons 0
+def test_gigpo_official_hand_computed_mean_std_norm():
+    # mode "mean_std_norm": (x - mean) / (unbiased std + 1e-6), std 1 for one-member groups.
+    # A_S: (0, s0): {0.5, 0}: std = sqrt(2 * 0.25^2 / 1) = 0.3535534 -> +-0.25/0.3535534 = +-0.7071068
+    #      (0, s1): {1, 0}: std = sqrt(2 * 0.5^2) = 0.7071068 -> +-0.5/0.7071068 = +-0.7071068; singletons 0
     steps = gigpo_step_advantages(GIGPO_OBS, GIGPO_REW, GIGPO_GROUPS, gamma=0.5, norm="mean_std", eps=0.0)
     r = 0.7071068
     assert [s.tolist() for s in steps] == [
@@ -179,19 +219,101 @@ def test_gigpo_hand_computed_mean_std_norm():
         pytest.approx([-r, 0.0, -r], abs=1e-6),
         [0.0],
     ]
+    # A_E: rows [1, 1, 0, 0, 0]: std = sqrt((2 * 0.6^2 + 3 * 0.4^2) / 4) = sqrt(0.3) = 0.5477226
+    #   -> 0.6 / (0.5477226 + 1e-6) = 1.0954431, -0.4 / 0.5477236 = -0.7302954; the one-row group: 1 / (1 + 1e-6)
+    episode = gigpo_episode_advantages([1.0, 0.0, 1.0], [2, 3, 1], GIGPO_GROUPS, norm="mean_std")
+    assert episode.tolist() == pytest.approx([1.0954431, -0.7302954, 0.999999], abs=1e-6)
 
 
-def test_gigpo_omega_zero_is_grpo_and_no_shared_anchor_gives_zero():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    a_e = grpo_outcome_advantages(rewards, group_size=4)
+def test_gigpo_official_similarity_grouping_compares_with_each_clusters_first_member():
+    # verl-agent build_step_group with enable_similarity: difflib ratio 2M / (|a| + |b|) against the cluster's
+    # first member ("rep"), first cluster that passes wins. Threshold 0.8:
+    #   "abcd" starts cluster 0; "abcd!" vs "abcd": M = 4, 8/9 = 0.889 -> cluster 0;
+    #   "abc!" vs "abcd": M = 3, 6/8 = 0.75 -> a new cluster 1, although it is 8/9 similar to the member "abcd!";
+    #   "abcd" in task group h starts its own cluster 2.
+    labels = anchor_state_groups([["abcd", "abcd!"], ["abc!"], ["abcd"]], ["g", "g", "h"], similarity_threshold=0.8)
+    assert labels == [[0, 0], [1], [2]]
+    # The exact default keeps all three texts of task group g apart.
+    assert anchor_state_groups([["abcd", "abcd!"], ["abc!"], ["abcd"]], ["g", "g", "h"]) == [[0, 1], [2], [3]]
+    # Merged states are one anchor group: returns {1, 0} around mean 0.5 (gamma 1: each step's return is its reward)
+    steps = gigpo_step_advantages([["abcd"], ["abcd!"]], [[1.0], [0.0]], [0, 0], gamma=1.0, similarity_threshold=0.8)
+    assert [s.tolist() for s in steps] == [[0.5], [-0.5]]
+    for bad in (0.0, 1.0, 1.5):  # verl-agent asserts 0 < similarity_thresh < 1
+        with pytest.raises(ValueError, match="similarity_threshold"):
+            anchor_state_groups([["a"]], [0], similarity_threshold=bad)
+
+
+@PROPS
+@given(
+    observations=st.lists(st.lists(st.text(alphabet="ab ", max_size=6), min_size=1, max_size=4), min_size=1, max_size=5),
+    groups=st.lists(st.integers(0, 1), min_size=5, max_size=5),
+    threshold=st.floats(0.05, 0.95),
+)
+def test_gigpo_similarity_groups_merge_exact_groups_and_stay_within_task_groups(observations, groups, threshold):
+    groups = groups[: len(observations)]
+    exact = anchor_state_groups(observations, groups)
+    similar = anchor_state_groups(observations, groups, similarity_threshold=threshold)
+    merged: dict = {}
+    for g, exact_labels, similar_labels in zip(groups, exact, similar, strict=True):
+        for e, m in zip(exact_labels, similar_labels, strict=True):
+            assert merged.setdefault(("exact", e), m) == m  # the same text always lands in the same cluster
+            assert merged.setdefault(("task", m), g) == g  # a cluster never spans two task groups
+
+
+def test_gigpo_no_shared_anchor_gives_zero_step_advantage():
     obs = [["a", "b"], ["a", "c"], ["a"], ["a", "b", "d"]]
     rew = [[0, 1], [0, 0], [0], [0, 0, 1]]
-    out = gigpo_advantages(a_e, obs, rew, [0] * 4, omega=0.0)
-    for i, steps in enumerate(out):
-        assert torch.equal(steps, torch.full((len(obs[i]),), float(a_e[i]), dtype=F64))
     distinct = [[f"{i}-{t}" for t in range(len(o))] for i, o in enumerate(obs)]
     for steps in gigpo_step_advantages(distinct, rew, [0] * 4, norm="mean_std"):
         assert torch.equal(steps, torch.zeros_like(steps))
+
+
+@PROPS
+@given(
+    won=st.lists(st.booleans(), min_size=2, max_size=8),
+    length=st.integers(1, 5),
+    norm=st.sampled_from(["mean", "mean_std"]),
+)
+def test_gigpo_episode_term_on_equal_lengths_is_grpo_up_to_the_row_bessel_factor(won, length, norm):
+    # With n trajectories of L steps each, verl-agent's row statistics have the trajectory mean, so "mean" is GRPO
+    # without the std (TRL's scale "none"). The unbiased std over the n L rows is not the trajectories' one:
+    # var_rows = L sum (x - mu)^2 / (n L - 1) = var_traj (n - 1) L / (n L - 1), so "mean_std" is GRPO times
+    # sqrt((n L - 1) / ((n - 1) L)) (eps aside): larger than GRPO whenever L > 1.
+    n = len(won)
+    scores = [float(w) for w in won]
+    episode = gigpo_episode_advantages(scores, [length] * n, [0] * n, norm=norm, eps=1e-12)
+    grpo = grpo_outcome_advantages(torch.tensor(scores, dtype=F64), n, delta=1e-12, scale=norm == "mean_std")
+    factor = math.sqrt((n * length - 1) / ((n - 1) * length)) if norm == "mean_std" else 1.0
+    assert episode.tolist() == pytest.approx((grpo * factor).tolist(), abs=1e-6)
+
+
+@PROPS
+@given(
+    trajectories=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([0.0, 1.0])), min_size=1, max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    gamma=st.floats(0, 1),
+)
+def test_gigpo_mean_norm_centres_every_anchor_group_and_every_task_groups_rows(trajectories, gamma):
+    groups = [g for g, _ in trajectories]
+    obs = [[o for o, _ in steps] for _, steps in trajectories]
+    rew = [[r for _, r in steps] for _, steps in trajectories]
+    a_s = gigpo_step_advantages(obs, rew, groups, gamma=gamma)
+    by_anchor: dict = {}
+    for g, o, values in zip(groups, obs, a_s, strict=True):
+        for text, value in zip(o, values.tolist(), strict=True):
+            by_anchor.setdefault((g, text), []).append(value)
+    assert all(abs(sum(values)) < 1e-9 for values in by_anchor.values())
+    a_e = gigpo_episode_advantages([sum(r) for r in rew], [len(r) for r in rew], groups)
+    for g in set(groups):
+        rows = [float(a_e[i]) for i in range(len(groups)) if groups[i] == g for _ in rew[i]]
+        if len(rows) > 1:  # a one-row group has mean 0 by definition and keeps its score
+            assert abs(sum(rows)) < 1e-9
 
 
 def test_gigpo_rejects_bad_inputs():
@@ -199,6 +321,10 @@ def test_gigpo_rejects_bad_inputs():
         gigpo_step_advantages(GIGPO_OBS, GIGPO_REW, GIGPO_GROUPS, norm="std")
     with pytest.raises(ValueError, match="rewards"):
         gigpo_step_advantages([["a", "b"]], [[0.0]], [0])
+    with pytest.raises(ValueError, match="norm"):
+        gigpo_episode_advantages([1.0], [1], [0], norm="std")
+    with pytest.raises(ValueError, match="step counts"):
+        gigpo_episode_advantages([1.0, 0.0], [1], [0, 0])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -294,17 +420,20 @@ def test_reverse_kl_estimator_is_unbiased_for_exact_kl_gradient():
     assert torch.allclose(grad_est, grad_exact, atol=1e-12)
 
 
-def test_losses_vanish_when_teacher_equals_student():
+def test_divergences_vanish_when_teacher_equals_student():
     s = student_leaf()
     same = torch.tensor(STUDENT, dtype=F64)
-    total = (
-        sampled_reverse_kl(s, same, MASK).sum()
-        + sdar_loss(s, same, MASK).sum()
-        + skill_sd_loss(s, same, same - 0.3, MASK).sum()
-    )
+    total = sampled_reverse_kl(s, same, MASK).sum() + skill_sd_loss(s, same, same - 0.3, MASK).sum()
     assert total.item() == 0.0
     total.backward()
     assert torch.equal(s.grad, torch.zeros_like(s))
+    # SDAR's term is no divergence: at Delta = 0 its value is 0 but the half-open gate still pulls the sampled
+    # token up, gradient -coef * sigma(0) = -0.01 / 2 on every masked token (official compute_sdar_loss).
+    s = student_leaf()
+    loss = sdar_loss(s, same, MASK, coef=0.01)
+    assert loss.abs().sum().item() == 0.0
+    loss.sum().backward()
+    assert s.grad.tolist() == [[-0.005, -0.005, 0.0], [-0.005, -0.005, -0.005]]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -317,26 +446,76 @@ def test_sdar_gate_halves_at_zero_gap():
     assert gate.tolist() == pytest.approx([0.5, sigmoid(5.0), sigmoid(-5.0)])
 
 
-def test_sdar_hand_computed_value_and_gradient():
+def test_sdar_official_fixture_formula_gradient_and_teacher_detachment():
+    # Align-OPSD tests/test_sdar_auxiliary.py::test_formula_gradient_and_teacher_detachment, on our per-token form
+    # (the official token-mean is the masked sum over the 2 kept tokens / 2). Its inputs, numbers by hand:
+    #   Delta = t - s = [1, -1, (2: masked)]; gate sigma(5 Delta) = [sigma(5), sigma(-5)] = [0.9933071, 0.0066929]
+    #   loss = (0.9933071 * 1 + 0.0066929 * -1) / 2 = 0.4933071 (coef 1)
+    #   (0.01 * loss).backward() -> student.grad = -0.01 * gate * mask / 2 = [-0.0049665, -0.0000335, 0]
+    #   teacher.grad is None (the teacher is detached)
+    student = torch.tensor([[-2.0, -1.0, -3.0]], requires_grad=True)
+    teacher_lp = torch.tensor([[-1.0, -2.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    token_mean = sdar_loss(student, teacher_lp, mask, coef=1.0, beta=5.0).sum() / 2
+    assert token_mean.item() == pytest.approx((sigmoid(5.0) - sigmoid(-5.0)) / 2, abs=1e-7)
+    assert token_mean.item() == pytest.approx(0.4933071, abs=1e-7)
+    (token_mean * 0.01).backward()
+    assert student.grad.tolist() == [pytest.approx([-0.0049665357, -0.0000334643, 0.0], abs=1e-9)]
+    assert teacher_lp.grad is None
+
+
+def test_sdar_official_hand_computed_value_and_advantage():
     s = student_leaf()
     loss = sdar_loss(s, teacher(), MASK, coef=0.01, beta=5.0)
-    # Delta = t - s: row 0: -0.5, 0; row 1: 0, -1, +0.75
+    # Hand calculation of the official compute_sdar_loss per token, coef * gate * (t - s):
+    # Delta = t - s: row 0: -0.5, 0, (padding); row 1: 0, -1, +0.75
     # gate sigma(5 Delta): sigma(-2.5) = 0.0758582, 1/2, 1/2, sigma(-5) = 0.0066929, sigma(3.75) = 0.9770226
-    # loss = 0.01 * gate * k1, k1 = -Delta: 0.01*0.0758582*0.5 = 3.79291e-4; 0; 0; 0.01*0.0066929*1 = 6.6929e-5;
-    # 0.01*0.9770226*(-0.75) = -7.3276695e-3
     expected = [
-        [0.01 * sigmoid(-2.5) * 0.5, 0.0, 0.0],
-        [0.0, 0.01 * sigmoid(-5.0) * 1.0, 0.01 * sigmoid(3.75) * -0.75],
+        [0.01 * sigmoid(-2.5) * -0.5, 0.0, 0.0],
+        [0.0, 0.01 * sigmoid(-5.0) * -1.0, 0.01 * sigmoid(3.75) * 0.75],
     ]
     assert loss.tolist() == [pytest.approx(r, abs=1e-15) for r in expected]
-    assert loss[1, 2].item() == pytest.approx(-7.3276695e-3, abs=1e-9)
+    assert loss[1, 2].item() == pytest.approx(7.3276695e-3, abs=1e-9)
     loss.sum().backward()
-    # d loss / d log pi = -coef * gate * Delta: the endorsed token (Delta = +0.75, gate open) has a negative
-    # gradient, so descent RAISES its log-prob towards the teacher; the rejected token (Delta = -1) is lowered
-    # only with the nearly closed gate's weight 0.0066929.
-    assert s.grad.tolist() == [pytest.approx(r, abs=1e-15) for r in expected]
-    assert s.grad[1, 2] < 0 < s.grad[1, 1]
-    assert s.grad[1, 1] < 0.01 * 1.0 * 0.01  # attenuated far below the ungated coefficient 0.01 * |Delta|
+    # d loss / d log pi = -coef * gate: every kept token is RAISED, the endorsed one (Delta = +0.75, gate open)
+    # with 0.0097702, the rejected one (Delta = -1) with 0.0000669 only; padding 0.
+    gate = [[sigmoid(-2.5), 0.5, 0.0], [0.5, sigmoid(-5.0), sigmoid(3.75)]]
+    assert s.grad.tolist() == [pytest.approx([-0.01 * g for g in r], abs=1e-15) for r in gate]
+    # The trainer's advantage form is the negated gradient, +coef * gate: the issue's sigma(beta Delta), never < 0.
+    adv = gradient_equivalent_advantages(sdar_loss, torch.tensor(STUDENT, dtype=F64), teacher(), MASK, coef=0.01)
+    assert adv.tolist() == [pytest.approx([0.01 * g for g in r], abs=1e-15) for r in gate]
+
+
+def test_sdar_beta_zero_is_sdars_grpo_opsd_constant_half_weight():
+    # SDAR's GRPO+OPSD launchers run this term with gate_beta=0.0: sigma(0) = 1/2 whatever the teacher says, so
+    # the advantage is coef / 2 on every kept token.
+    student = torch.tensor(STUDENT, dtype=F64)
+    adv = gradient_equivalent_advantages(sdar_loss, student, teacher(), MASK, coef=0.01, beta=0.0)
+    assert adv.tolist() == [[0.005, 0.005, 0.0], [0.005, 0.005, 0.005]]
+
+
+@PROPS
+@given(
+    rows=st.lists(
+        st.lists(st.tuples(st.floats(-30, 0), st.floats(-30, 0), st.booleans()), min_size=3, max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    coef=st.floats(0, 1),
+    beta=st.floats(0, 20),
+)
+def test_sdar_advantage_is_coef_times_the_gate_never_negative_and_rises_with_the_gap(rows, coef, beta):
+    student = torch.tensor([[a for a, _, _ in r] for r in rows], dtype=F64)
+    teacher_lp = torch.tensor([[b for _, b, _ in r] for r in rows], dtype=F64)
+    mask = torch.tensor([[m for _, _, m in r] for r in rows])
+    adv = gradient_equivalent_advantages(sdar_loss, student, teacher_lp, mask, coef=coef, beta=beta)
+    gap = teacher_lp - student
+    want = torch.where(mask, coef * torch.sigmoid(beta * gap), torch.zeros_like(gap))
+    assert torch.allclose(adv, want, rtol=0, atol=1e-12)
+    assert bool((adv >= 0).all()) and bool((adv <= coef).all())
+    # A larger teacher-student gap never gets a smaller advantage (the gate is monotone).
+    order = gap[mask].argsort()
+    assert bool((adv[mask][order].diff() >= -1e-12).all())
 
 
 # --------------------------------------------------------------------------------------------------------------

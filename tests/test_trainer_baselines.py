@@ -167,12 +167,14 @@ def test_distillation_methods_add_their_gradient_equivalent_term(shared):
     gaps = _direct_gaps(trainer, seen)
     advantages = seen["advantages"].tolist()
     sigmoid = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    assert trainer.state.global_step == 0  # the first update: verl's global_steps 1
+    lam = 0.5 * (1 - 1 / 50)  # official RLSD lambda at global_steps 1: 0.49
     expected = {
         "opsd": lambda a, d: 1.0 * d,  # reverse KL only, no reward: A_t = lambda Delta_t
         "grpo_opsd": lambda a, d: a + 0.1 * d,
-        "sdar": lambda a, d: a + 0.01 * sigmoid(5 * d) * d,
+        "sdar": lambda a, d: a + 0.01 * sigmoid(5 * d),  # official compute_sdar_loss: -d/dlogp = coef * gate >= 0
         "skill_sd": lambda a, d: a + 0.1 * d,  # importance weight 1 at the snapshot
-        "rlsd": lambda a, d: a * (0.5 + 0.5 * min(max(math.exp(math.copysign(1, a) * d), 0.8), 1.2)),
+        "rlsd": lambda a, d: a * ((1 - lam) + lam * min(max(math.exp(math.copysign(1, a) * d), 0.8), 1.2)),
     }
     coefs = {"opsd": 1.0, "grpo_opsd": 0.1, "sdar": 0.01, "skill_sd": 0.1, "rlsd": 0.0}
     for method, formula in expected.items():
@@ -189,7 +191,8 @@ def test_rlsd_never_flips_the_sign_and_stays_in_its_band(shared):
     for a, trajectory in zip(seen["advantages"].tolist(), got, strict=True):
         for value in (v for turn in trajectory for v in turn):
             assert math.copysign(1, value) == math.copysign(1, a)
-            assert 0.9 * abs(a) - 1e-6 <= abs(value) <= 1.1 * abs(a) + 1e-6  # lambda 0.5, eps 0.2
+            # first update: lambda 0.49, eps 0.2 -> factor in [0.51 + 0.49 * 0.8, 0.51 + 0.49 * 1.2]
+            assert 0.902 * abs(a) - 1e-6 <= abs(value) <= 1.098 * abs(a) + 1e-6
 
 
 def test_opd_with_the_policy_as_its_own_teacher_gives_zero_advantages(shared):
@@ -217,17 +220,37 @@ def test_gigpo_first_step_anchor_group_by_hand(shared):
     trajectories = seen["trajectories"]
     n = trajectories[0].num_turns  # the walkthrough; sibling 1 takes one detour step more
     assert trajectories[1].num_turns == n + 1
+    lengths = [t.num_turns for t in trajectories]
+    # The environment pays 1 on the winning step only, so each episode score (the sum of its step rewards) is won.
+    for t in trajectories:
+        assert [turn.reward for turn in t.turns] == [0.0] * (t.num_turns - 1) + [float(t.won)]
+    # A_E (verl-agent episode_norm_reward, "mean" norm): the episode score minus the mean over the group's step
+    # rows, where a trajectory of n steps counts n times: mean = (n + (n + 1)) / (total rows).
+    rows_mean = (n + (n + 1)) / sum(lengths)
+    a_e = [1 - rows_mean, 1 - rows_mean, -rows_mean, -rows_mean]
     got = _advantages_with(trainer, seen, baseline="gigpo")
     # Turn 0 of all four siblings acts on the same intro text, their anchor group. Discounted returns at turn 0:
     # 0.95^(n-1) and 0.95^n for the winners, 0 for the failures; A_S = return - group mean ("mean" norm).
     mean = (0.95 ** (n - 1) + 0.95**n) / 4
-    assert got[0][0][0] == pytest.approx(A_WIN + 0.95 ** (n - 1) - mean, abs=1e-5)
-    assert got[1][0][0] == pytest.approx(A_WIN + 0.95**n - mean, abs=1e-5)
-    assert got[2][0][0] == pytest.approx(-A_WIN - mean, abs=1e-5)
-    assert got[3][0][0] == pytest.approx(-A_WIN - mean, abs=1e-5)
+    assert got[0][0][0] == pytest.approx(a_e[0] + 0.95 ** (n - 1) - mean, abs=1e-6)
+    assert got[1][0][0] == pytest.approx(a_e[1] + 0.95**n - mean, abs=1e-6)
+    assert got[2][0][0] == pytest.approx(a_e[2] - mean, abs=1e-6)
+    assert got[3][0][0] == pytest.approx(a_e[3] - mean, abs=1e-6)
+    # omega = 0 leaves GiGPO's own A_E on every turn, not the trainer's GRPO advantage.
     no_step_term = _advantages_with(trainer, seen, baseline="gigpo", gigpo_omega=0.0)
-    for a, trajectory in zip(seen["advantages"].tolist(), no_step_term, strict=True):
-        assert all(v == pytest.approx(a, abs=1e-6) for turn in trajectory for v in turn)
+    for want, trajectory in zip(a_e, no_step_term, strict=True):
+        assert all(v == pytest.approx(want, abs=1e-6) for turn in trajectory for v in turn)
+    assert a_e[0] != pytest.approx(seen["advantages"][0].item(), abs=1e-3)
+    # "mean_std" divides both terms by their unbiased std + 1e-6: the rows' std of A_E's scores ...
+    total = sum(lengths)
+    rows_std = math.sqrt(((2 * n + 1) * (1 - rows_mean) ** 2 + (total - 2 * n - 1) * rows_mean**2) / (total - 1))
+    # ... and turn 0's anchor group {0.95^(n-1), 0.95^n, 0, 0}
+    returns = [0.95 ** (n - 1), 0.95**n, 0.0, 0.0]
+    anchor_std = math.sqrt(sum((r - mean) ** 2 for r in returns) / 3)
+    scaled = _advantages_with(trainer, seen, baseline="gigpo", gigpo_norm="mean_std")
+    for i in range(4):
+        want = a_e[i] / (rows_std + 1e-6) + (returns[i] - mean) / (anchor_std + 1e-6)
+        assert scaled[i][0][0] == pytest.approx(want, abs=1e-5), i
 
 
 def test_opid_adds_the_episode_gap_and_its_step_skill_gaps(shared):
@@ -287,6 +310,34 @@ def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, t
         assert trajectory == [pytest.approx(a)] * len(trajectory)
 
 
+# The comparison methods' launchers of the official code (SDAR's examples/{sdar,rlsd}_trainer/run_*_3b.sh and
+# verl-agent's examples/gigpo_trainer/run_*.sh, which SDAR ships), per benchmark. RLSD's decay length is the default
+# of the RLSDRayTrainer that Align-OPSD ships (50; SDAR's launchers override it with 100).
+OFFICIAL_LAUNCHERS = {
+    "sdar": {env: {"distill_coef": 0.01, "sdar_beta": 5.0} for env in ("alfworld", "webshop", "search")},
+    "rlsd": {
+        env: {"rlsd_lambda": 0.5, "rlsd_decay_steps": 50, "rlsd_clip": 0.2} for env in ("alfworld", "webshop", "search")
+    },
+    "gigpo": {
+        env: {"gigpo_omega": 1.0, "gigpo_gamma": 0.95, "gigpo_norm": norm, "gigpo_similarity_threshold": similarity}
+        for env, norm, similarity in (("alfworld", "mean_std", None), ("webshop", "mean", None), ("search", "mean_std", 0.9))
+    },
+}
+
+
+@pytest.mark.parametrize("method", sorted(OFFICIAL_LAUNCHERS))
+def test_baseline_recipes_follow_the_official_launchers(method):
+    import yaml
+
+    recipes = Path(__file__).resolve().parents[1] / "taspo_trl" / "recipes"
+    paths = sorted(recipes.glob(f"paper/*/{method}_*.yaml")) + sorted(recipes.glob(f"quickstart/*_{method}_cpu.yaml"))
+    assert len(paths) >= 3, paths
+    for path in paths:
+        data = yaml.safe_load(path.read_text())
+        want = OFFICIAL_LAUNCHERS[method][data["environment"]]
+        assert {key: data.get(key) for key in want} == want, path.name
+
+
 def test_bad_settings_fail_before_training(tmp_path):
     with pytest.raises(ValueError, match="baseline must be one of"):
         _config(tmp_path, baseline="ppo")
@@ -296,6 +347,10 @@ def test_bad_settings_fail_before_training(tmp_path):
         _config(tmp_path, baseline="opsd", teacher_policy="ema")
     with pytest.raises(ValueError, match="opid_max_step_skills must be >= 0"):
         _config(tmp_path, baseline="opid", opid_max_step_skills=-1)
+    with pytest.raises(ValueError, match="gigpo_norm must be one of"):
+        _config(tmp_path, baseline="gigpo", gigpo_norm="std")
+    with pytest.raises(ValueError, match="gigpo_similarity_threshold must be in"):
+        _config(tmp_path, baseline="gigpo", gigpo_similarity_threshold=1.0)
 
 
 def test_teacher_sync_steps_and_teacher_policy_are_one_setting(tmp_path):

@@ -1,8 +1,9 @@
 """Advantage shaping of the comparison methods: RLSD, OPID, GiGPO and StepOPSD.
 
-Every method starts from GRPO's outcome advantage A (``taspo_trl.credit.grpo``) and reshapes it per token or per
-step; the README's "Comparison methods" section says what each method is. One small pure function per equation, verl
-``core_algos.py`` style. Conventions shared by the token-level transforms:
+RLSD, OPID and StepOPSD start from GRPO's outcome advantage A (``taspo_trl.credit.grpo``) and reshape it per token
+or per step; GiGPO computes its own episode and step advantages. The README's "Comparison methods" section says what
+each method is; docs/baselines_vs_official.md compares each with its official code. One small pure function per
+equation, verl ``core_algos.py`` style. Conventions shared by the token-level transforms:
 
     * inputs are [rows, T] tensors over the response tokens of per-turn rows (TRL's ``completion_mask`` layout);
       ``advantages`` may also be [rows] (one A per row, broadcast over its tokens);
@@ -17,7 +18,8 @@ Method index:
     rlsd_lambda, rlsd_advantages       RLSD (Yang et al., 2604.03128) A_hat = A ((1-lam) + lam clip(exp(sign(A) Delta)))
     opid_advantages                    OPID (Yang, Wu et al., 2606.26790): A' = A + w_e Delta_episode + w_s Delta_step
     discounted_returns                 GiGPO Eq. 5 (Feng et al., 2505.10978): R_t = sum_k gamma^k r_{t+k}
-    anchor_state_groups                GiGPO Eq. 6: steps with an identical observation in one task group
+    anchor_state_groups                GiGPO Eq. 6: steps with the same (or a similar) observation in one task group
+    gigpo_episode_advantages           GiGPO Eq. 3: episode score normalised over the group's step rows
     gigpo_step_advantages              GiGPO Eq. 7: R_t normalised within its anchor-state group
     gigpo_advantages                   GiGPO Eq. 8: A = A_E + omega A_S
     stepopsd_advantages                StepOPSD (Zhang et al., 2605.27140): APPROXIMATION, see its docstring
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
+from difflib import SequenceMatcher
 
 import torch
 
@@ -40,13 +43,14 @@ __all__ = [
     "opid_advantages",
     "discounted_returns",
     "anchor_state_groups",
+    "gigpo_episode_advantages",
     "gigpo_step_advantages",
     "gigpo_advantages",
     "stepopsd_advantages",
 ]
 
-# "mean": A_S = R - mean (verl-agent's default mode "mean_norm"); "mean_std": (R - mean) / (std + eps)
-# (verl-agent's "mean_std_norm"; the paper's F_norm = std).
+# "mean": A = x - mean (verl-agent's mode "mean_norm", its config default and WebShop launcher's); "mean_std":
+# (x - mean) / (std + eps) (verl-agent's "mean_std_norm", its ALFWorld and Search launchers'; the paper's F_norm = std).
 GIGPO_NORMS = ("mean", "mean_std")
 
 
@@ -84,9 +88,15 @@ def _masked_gap(delta: torch.Tensor, mask: torch.Tensor, name: str) -> torch.Ten
 
 
 def rlsd_lambda(step: int, lam0: float = 0.5, decay_steps: int = 50) -> float:
-    """RLSD's mixing weight, linearly decayed: lam(step) = lam0 max(0, 1 - step / decay_steps).
+    """RLSD's mixing weight at optimizer step ``step``, linearly decayed as the official trainer decays it:
+    lam = lam0 max(0, 1 - (step + 1) / decay_steps).
 
-    lam0 = 0.5 at step 0 and 0 from ``decay_steps`` (50) on, after which RLSD is plain GRPO.
+    ``RLSDRayTrainer._get_rlsd_lambda`` (SDAR's and Align-OPSD's ``verl/trainer/ppo/rlsd_ray_trainer.py``) takes
+    verl's ``global_steps``, which is 1 during the first update; ``step`` here is TRL's ``state.global_step``, the
+    number of updates already made (0 during the first). So the first update uses lam0 (1 - 1 / decay_steps)
+    (0.49 for the defaults), the last non-zero one is step ``decay_steps - 2``, and from step ``decay_steps - 1``
+    on (the official step ``decay_steps``) RLSD is plain GRPO. Defaults: the official code's (0.5 over 50 steps;
+    SDAR's RLSD launchers set ``warmdown_steps=100``).
     """
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step!r}")
@@ -94,13 +104,14 @@ def rlsd_lambda(step: int, lam0: float = 0.5, decay_steps: int = 50) -> float:
         raise ValueError(f"lam0 must be in [0, 1], got {lam0!r}")
     if decay_steps <= 0:
         raise ValueError(f"decay_steps must be > 0, got {decay_steps!r}")
-    return lam0 * max(0.0, 1.0 - step / decay_steps)
+    return lam0 * max(0.0, 1.0 - (step + 1) / decay_steps)
 
 
 def rlsd_advantages(
     advantages: torch.Tensor, delta: torch.Tensor, mask: torch.Tensor, lam: float, clip_eps: float = 0.2
 ) -> torch.Tensor:
-    """RLSD token advantages A_hat_t = A ((1 - lam) + lam clip(exp(sign(A) sg(Delta_t)), 1 - eps, 1 + eps)).
+    """RLSD token advantages A_hat_t = A ((1 - lam) + lam clip(exp(sign(A) sg(Delta_t)), 1 - eps, 1 + eps)), the
+    formula of the official ``compute_rlsd_token_advantage`` (SDAR's ``verl/trainer/ppo/rlsd_utils.py``).
 
     "The reward sets the direction, the teacher the size": the factor lies in [(1 - lam) + lam (1 - eps),
     (1 - lam) + lam (1 + eps)], which is > 0 for lam in [0, 1] and eps in [0, 1), so A_hat never flips the sign of A.
@@ -166,11 +177,13 @@ def opid_advantages(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# GiGPO (Feng et al., 2505.10978; verl-agent ``gigpo/core_gigpo.py``)
+# GiGPO (Feng et al., 2505.10978), as verl-agent's ``gigpo/core_gigpo.py`` computes it (the copy SDAR's repository
+# ships and Align-OPSD's trainer imports)
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float = 0.95) -> list[float]:
-    """Discounted return of every step of one trajectory, R_t = sum_k gamma^k r_{t+k} (GiGPO Eq. 5)."""
+    """Discounted return of every step of one trajectory, R_t = sum_k gamma^k r_{t+k} (GiGPO Eq. 5; verl-agent
+    ``compute_step_discounted_returns``)."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     returns = [0.0] * len(rewards)
@@ -181,24 +194,104 @@ def discounted_returns(rewards: Sequence[float], gamma: float = 0.95) -> list[fl
     return returns
 
 
-def anchor_state_groups(observations: Sequence[Sequence[str]], group_ids: Sequence[Hashable]) -> list[list[int]]:
-    """Anchor-state group label of every step (GiGPO Eq. 6): equal labels = same task group AND identical text.
+def anchor_state_groups(
+    observations: Sequence[Sequence[str]],
+    group_ids: Sequence[Hashable],
+    similarity_threshold: float | None = None,
+) -> list[list[int]]:
+    """Anchor-state group label of every step (GiGPO Eq. 6; verl-agent ``build_step_group``).
 
-    Observations are compared as exact strings (verl-agent's default; its optional fuzzy matching is not
-    reproduced). As in verl-agent, every step of the task group takes part, so a trajectory that revisits a state
-    puts both visits in one group. Labels are consecutive ints in order of first appearance.
+    Equal labels = same task group AND the same state. ``similarity_threshold=None`` (verl-agent's default,
+    ``enable_similarity: False``) compares the observation texts exactly. A threshold in (0, 1) is verl-agent's
+    similarity grouping (its Search launcher uses 0.9): within a task group, steps are visited trajectory by
+    trajectory, and each joins the first cluster whose first member's text has a ``difflib.SequenceMatcher`` ratio
+    >= the threshold with it, else starts a new cluster. As in verl-agent, every step of the task group takes
+    part, so a trajectory that revisits a state puts both visits in one group. Labels are consecutive ints in
+    order of first appearance.
 
     Args:
         observations: per trajectory, the observation text each step acted on (the state s_t before action a_t).
         group_ids: per trajectory, its task group (the GRPO group; siblings share it).
+        similarity_threshold: None (exact text) or the SequenceMatcher ratio in (0, 1) that merges two states.
     """
     if len(observations) != len(group_ids):
         raise ValueError(f"{len(observations)} trajectories but {len(group_ids)} group ids")
+    if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
+        raise ValueError(
+            f"similarity_threshold must be in (0, 1) or None (exact matching), got {similarity_threshold!r}"
+        )
     labels: dict[tuple[Hashable, str], int] = {}
+    clusters: dict[Hashable, list[tuple[str, int]]] = defaultdict(list)  # per task group: (first text, label)
     out: list[list[int]] = []
     for obs, gid in zip(observations, group_ids, strict=True):
-        out.append([labels.setdefault((gid, str(o)), len(labels)) for o in obs])
+        traj_labels = []
+        for text in map(str, obs):
+            if similarity_threshold is None:
+                traj_labels.append(labels.setdefault((gid, text), len(labels)))
+                continue
+            similar = (
+                lab for first, lab in clusters[gid] if SequenceMatcher(None, text, first).ratio() >= similarity_threshold
+            )
+            label = next(similar, None)
+            if label is None:
+                label = sum(map(len, clusters.values()))
+                clusters[gid].append((text, label))
+            traj_labels.append(label)
+        out.append(traj_labels)
     return out
+
+
+def _check_norm(norm: str) -> None:
+    if norm not in GIGPO_NORMS:
+        raise ValueError(f"norm must be one of {GIGPO_NORMS}, got {norm!r}")
+
+
+def _normalized(value: float, mean: float, std: float, norm: str, eps: float) -> float:
+    # verl-agent's mode "mean_norm" removes the std (remove_std=True); "mean_std_norm" divides by std + eps.
+    return value - mean if norm == "mean" else (value - mean) / (std + eps)
+
+
+def gigpo_episode_advantages(
+    episode_scores: Sequence[float],
+    step_counts: Sequence[int],
+    group_ids: Sequence[Hashable],
+    norm: str = "mean",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Episode-relative advantages A_E (GiGPO Eq. 3; verl-agent ``episode_norm_reward``), one per trajectory.
+
+    verl-agent's batch has one row per step, each carrying its episode's score, and its default
+    ``compute_mean_std_cross_steps=True`` takes the group's mean and unbiased std over those ROWS: a trajectory of
+    n steps counts n times. A_E = score - mean (``norm="mean"``) or (score - mean) / (std + eps) (``"mean_std"``).
+    A task group with a single row has mean 0 and std 1 (so A_E = score there), as in verl-agent.
+
+    Args:
+        episode_scores: per trajectory, its episode reward (verl-agent: the sum of its step rewards).
+        step_counts: per trajectory, its number of steps (rows).
+        group_ids: per trajectory, its task group.
+        norm: one of ``GIGPO_NORMS`` (shared with the step advantages, as verl-agent's ``mode``).
+        eps: the std stabiliser (verl-agent's ``epsilon``, 1e-6).
+
+    Returns:
+        [N] float64 tensor.
+    """
+    _check_norm(norm)
+    if not len(episode_scores) == len(step_counts) == len(group_ids):
+        raise ValueError(
+            f"{len(episode_scores)} scores, {len(step_counts)} step counts and {len(group_ids)} group ids"
+        )
+    rows: dict[Hashable, list[float]] = defaultdict(list)
+    for score, count, gid in zip(episode_scores, step_counts, group_ids, strict=True):
+        rows[gid].extend([float(score)] * int(count))
+    stats = {
+        gid: (float(group.mean()), float(group.std())) if group.numel() > 1 else (0.0, 1.0)
+        for gid, group in ((gid, torch.tensor(values, dtype=torch.float64)) for gid, values in rows.items())
+    }
+    advantages = [
+        _normalized(float(score), *stats.get(gid, (0.0, 1.0)), norm, eps)
+        for score, gid in zip(episode_scores, group_ids, strict=True)
+    ]
+    return torch.tensor(advantages, dtype=torch.float64)
 
 
 def gigpo_step_advantages(
@@ -208,10 +301,12 @@ def gigpo_step_advantages(
     gamma: float = 0.95,
     norm: str = "mean",
     eps: float = 1e-6,
+    similarity_threshold: float | None = None,
 ) -> list[torch.Tensor]:
-    """Step-relative advantages A_S (GiGPO Eq. 7): discounted returns normalised within anchor-state groups.
+    """Step-relative advantages A_S (GiGPO Eq. 7; verl-agent ``step_norm_reward``): discounted returns normalised
+    within anchor-state groups.
 
-    A_S(s, a) = (R - mean_G) / F_norm over the anchor group G of the step. ``norm="mean"`` (default, verl-agent's
+    A_S(s, a) = (R - mean_G) / F_norm over the anchor group G of the step. ``norm="mean"`` (verl-agent's
     "mean_norm") takes F_norm = 1; ``norm="mean_std"`` takes F_norm = std_G + eps with the unbiased std, and std
     1 for a one-member group (both as in verl-agent). A step whose state no other step of its task group shares
     is its own group, so its A_S is exactly 0.
@@ -221,22 +316,22 @@ def gigpo_step_advantages(
         step_rewards: per trajectory, the reward after each step (ALFWorld: 0 ... 0, then 10 on success in
             verl-agent; any scale works).
         group_ids: per trajectory, its task group.
-        gamma: discount (paper 0.95).
+        gamma: discount (verl-agent's GiGPO launchers: ``algorithm.gamma=0.95``).
         norm: one of ``GIGPO_NORMS``.
         eps: std stabiliser for ``norm="mean_std"``.
+        similarity_threshold: anchor-state matching, see ``anchor_state_groups``.
 
     Returns:
         One float64 tensor per trajectory with one A_S per step.
     """
-    if norm not in GIGPO_NORMS:
-        raise ValueError(f"norm must be one of {GIGPO_NORMS}, got {norm!r}")
+    _check_norm(norm)
     if len(step_rewards) != len(observations):
         raise ValueError(f"{len(observations)} observation lists but {len(step_rewards)} reward lists")
     for i, (obs, rew) in enumerate(zip(observations, step_rewards, strict=True)):
         if len(obs) != len(rew):
             raise ValueError(f"trajectory {i}: {len(obs)} observations but {len(rew)} rewards")
     returns = [discounted_returns(r, gamma) for r in step_rewards]
-    labels = anchor_state_groups(observations, group_ids)
+    labels = anchor_state_groups(observations, group_ids, similarity_threshold)
     members: dict[int, list[float]] = defaultdict(list)
     for traj_labels, traj_returns in zip(labels, returns, strict=True):
         for label, ret in zip(traj_labels, traj_returns, strict=True):
@@ -244,20 +339,17 @@ def gigpo_step_advantages(
     stats: dict[int, tuple[float, float]] = {}
     for label, values in members.items():
         group = torch.tensor(values, dtype=torch.float64)
-        std = float(group.std()) if group.numel() > 1 else 1.0
-        stats[label] = (float(group.mean()), std)
-    out = []
-    for traj_labels, traj_returns in zip(labels, returns, strict=True):
-        adv = []
-        for label, ret in zip(traj_labels, traj_returns, strict=True):
-            mean, std = stats[label]
-            adv.append(ret - mean if norm == "mean" else (ret - mean) / (std + eps))
-        out.append(torch.tensor(adv, dtype=torch.float64))
-    return out
+        stats[label] = (float(group.mean()), float(group.std()) if group.numel() > 1 else 1.0)
+    return [
+        torch.tensor(
+            [_normalized(ret, *stats[label], norm, eps) for label, ret in zip(traj_labels, traj_returns, strict=True)],
+            dtype=torch.float64,
+        )
+        for traj_labels, traj_returns in zip(labels, returns, strict=True)
+    ]
 
 
 def gigpo_advantages(
-    episode_advantages: torch.Tensor | Sequence[float],
     observations: Sequence[Sequence[str]],
     step_rewards: Sequence[Sequence[float]],
     group_ids: Sequence[Hashable],
@@ -265,26 +357,31 @@ def gigpo_advantages(
     gamma: float = 0.95,
     norm: str = "mean",
     eps: float = 1e-6,
+    similarity_threshold: float | None = None,
 ) -> list[torch.Tensor]:
-    """GiGPO per-step advantages A = A_E + omega A_S (GiGPO Eq. 8), one tensor per trajectory.
+    """GiGPO per-step advantages A = A_E + omega A_S (GiGPO Eq. 8; verl-agent
+    ``compute_gigpo_outcome_advantage``), one tensor per trajectory.
 
-    A_E is taken as an input (one value per trajectory): pass GRPO's ``grpo_outcome_advantages`` so that
-    omega = 0 is exactly the GRPO baseline (verl-agent computes its own episode normalisation with eps 1e-6 and,
-    in its default mode, no std scaling; with the trainer's GRPO advantages the two methods differ only by A_S).
-    The caller broadcasts each step's value over that step's response tokens (``broadcast_turn_values``).
+    Both terms are GiGPO's own: A_E from ``gigpo_episode_advantages`` on the episode scores (the sum of each
+    trajectory's step rewards, verl-agent's ``episode_rewards``), A_S from ``gigpo_step_advantages``, one ``norm``
+    for both, as verl-agent's ``mode``. So omega = 0 is not the trainer's GRPO advantage: it is GRPO's statistics
+    taken over step rows, without the std under ``norm="mean"``. The caller broadcasts each step's value over that
+    step's response tokens.
 
     Args:
-        episode_advantages: A_E per trajectory, [N].
-        observations, step_rewards, group_ids, gamma, norm, eps: as in ``gigpo_step_advantages``.
-        omega: step-advantage weight (paper 1.0).
+        observations, step_rewards, group_ids, gamma, norm, eps, similarity_threshold: as in
+            ``gigpo_step_advantages``.
+        omega: step-advantage weight (verl-agent's ``step_advantage_w``, 1.0).
 
     Returns:
         One float64 tensor per trajectory with one advantage per step.
     """
-    a_e = torch.as_tensor(episode_advantages, dtype=torch.float64).detach()
-    if a_e.dim() != 1 or a_e.numel() != len(observations):
-        raise ValueError(f"episode_advantages must be [{len(observations)}], got shape {tuple(a_e.shape)}")
-    steps = gigpo_step_advantages(observations, step_rewards, group_ids, gamma=gamma, norm=norm, eps=eps)
+    steps = gigpo_step_advantages(
+        observations, step_rewards, group_ids, gamma=gamma, norm=norm, eps=eps,
+        similarity_threshold=similarity_threshold,
+    )
+    scores = [sum(float(r) for r in rewards) for rewards in step_rewards]
+    a_e = gigpo_episode_advantages(scores, [len(r) for r in step_rewards], group_ids, norm=norm, eps=eps)
     return [a_e[i] + omega * a_s for i, a_s in enumerate(steps)]
 
 

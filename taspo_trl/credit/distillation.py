@@ -23,7 +23,8 @@ equals the student).
     sampled_reverse_kl     the estimator above; the OPSD loss (privileged self-teacher frozen at the initial
                            policy) and the OPD loss (a larger frozen teacher; GKD, 2306.13649) with coef = 1,
                            and GRPO+OPSD's term (coef = lam, added to the outcome advantage, ungated)
-    sdar_gate / sdar_loss  SDAR (Lu et al., 2605.15155): sigma(beta sg(Delta)) times the reverse KL, lam = 0.01
+    sdar_gate / sdar_loss  SDAR (Lu et al., 2605.15155) as its code computes it: coef sigma(beta sg(Delta))
+                           (log pi_T - log pi_theta), lam = 0.01; its advantage form coef sigma(beta Delta) is >= 0
     skill_sd_loss          Skill-SD (Wang et al., 2604.10674): clipped-IS-weighted reverse KL, lam = 0.1
     teacher_version        which step's policy a self-teacher synchronised every N steps holds (Skill-SD)
 
@@ -89,7 +90,8 @@ def sampled_reverse_kl(
 
 
 def sdar_gate(delta: torch.Tensor, beta: float = 5.0) -> torch.Tensor:
-    """SDAR's token gate g_t = sigma(beta sg(Delta_t)), Delta_t = log pi_T(y_t) - log pi_theta(y_t).
+    """SDAR's token gate g_t = sigma(beta sg(Delta_t)), Delta_t = log pi_T(y_t) - log pi_theta(y_t) (the ``gate``
+    of the official ``compute_sdar_loss``).
 
     Opens (-> 1) on teacher-endorsed tokens (Delta > 0), closes softly (-> 0) on teacher rejections (Delta < 0),
     and is 1/2 at Delta = 0. Detached: the gate only weights the distillation term.
@@ -104,27 +106,32 @@ def sdar_loss(
     coef: float = 0.01,
     beta: float = 5.0,
 ) -> torch.Tensor:
-    """SDAR's gated distillation term, per token: coef * sigma(beta sg(Delta_t)) * k1_t (Lu et al., 2605.15155).
+    """SDAR's gated distillation term, per token: coef * g_t * (sg(log pi_T(y_t)) - log pi_theta(y_t)), with the
+    gate g_t = sigma(beta sg(Delta_t)) (Lu et al., 2605.15155).
 
-    SDAR's specification writes the term as lam mean(sigma(beta sg(Delta)) (log pi_T - log pi_theta)), the gated
-    NEGATIVE reverse-KL estimate, i.e. an objective to maximise, added to L_GRPO. As a loss to minimise its sign is
-    flipped here: coef * g_t * (log pi_theta - sg(log pi_T)), with the reverse-KL gradient of
-    ``sampled_reverse_kl`` (SDAR's ablation finds the reverse KL best). Gradient w.r.t. ``student_logp``:
-    coef * g_t * sg(log pi_theta - log pi_T) = -coef * g_t * Delta_t, so minimising raises log pi_theta(y_t) on
-    endorsed tokens (gate open, Delta > 0) towards pi_T, and lowers it only softly on rejected ones (gate nearly
-    closed), as the paper intends ("strengthening distillation on positive-gap tokens, softly attenuating negative
-    teacher rejections"). Teacher = the policy itself with retrieved skills in its context (training only).
-    docs/methods.md records this sign choice.
+    The official code's ``compute_sdar_loss`` (``verl/trainer/ppo/sdar_utils.py`` of SDAR, ZJU-REAL/SDAR, and
+    the same function in Align-OPSD, mingju-c/Align-OPSD) computes exactly this per-token matrix, aggregates it
+    with the actor's ``loss_agg_mode`` and ADDS ``coef`` times it to the policy loss; here the trainer's
+    ``loss_type`` does the aggregation. The value is the gated gap coef * g_t * Delta_t, and the gradient w.r.t.
+    ``student_logp`` is -coef * g_t (the teacher term and the gate are detached). Minimising it therefore raises
+    log pi_theta(y_t) of every sampled token with the weight coef * g_t in (0, coef): strongly where the teacher
+    endorses the token (Delta > 0, gate open), barely where it rejects it (gate nearly closed). It never lowers a
+    token: its advantage form (``gradient_equivalent_advantages``) is +coef * sigma(beta Delta_t) >= 0. With
+    beta = 0 the gate is 1/2 everywhere (SDAR's own GRPO+OPSD launchers run it that way).
 
     Args:
-        coef: lam (paper 0.01). beta: gate sharpness (paper 5).
+        coef: lam, ``algorithm.sdar.sdar_coef`` (SDAR's launchers 0.01). beta: gate sharpness,
+            ``algorithm.sdar.gate_beta`` (launchers 5). Teacher = the policy itself with skills in its context
+            (training only).
 
     Returns:
         [rows, T] per-token loss, 0 outside the mask.
     """
     keep = _check_pair(student_logp, teacher_logp, mask)
-    delta = _masked_teacher(teacher_logp, keep, student_logp) - student_logp.detach()
-    return sdar_gate(delta, beta) * sampled_reverse_kl(student_logp, teacher_logp, mask, coef)
+    teacher = _masked_teacher(teacher_logp, keep, student_logp)
+    gate = sdar_gate(teacher - student_logp.detach(), beta)
+    gated_gap = gate * (teacher - student_logp)
+    return coef * torch.where(keep, gated_gap, torch.zeros_like(gated_gap))
 
 
 def importance_weights(student_logp: torch.Tensor, old_logp: torch.Tensor, clip: float | None = 2.0) -> torch.Tensor:

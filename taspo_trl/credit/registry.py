@@ -162,10 +162,12 @@ def skill_grpo_credit(batch: OutcomeBatch, args: Any, step: int) -> list[list[fl
 
 
 def gigpo_credit(batch: OutcomeBatch, args: Any, step: int) -> list[list[float]]:
-    """GiGPO: A = A_E + omega A_S over anchor-state groups, which span a task group's siblings."""
+    """GiGPO: A = A_E + omega A_S over anchor-state groups, which span a task group's siblings; both terms are
+    GiGPO's own normalisation of the environment rewards (``batch.advantages`` is not used)."""
     steps = gigpo_advantages(
-        batch.advantages, batch.observations, batch.rewards, batch.groups,
+        batch.observations, batch.rewards, batch.groups,
         omega=args.gigpo_omega, gamma=args.gigpo_gamma, norm=args.gigpo_norm,
+        similarity_threshold=args.gigpo_similarity_threshold,
     )
     return [values.tolist() for values in steps]
 
@@ -181,7 +183,7 @@ def grpo_opsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
 
 
 def sdar_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
-    """SDAR: A_i plus the sigmoid-gated distillation term."""
+    """SDAR: A_i plus the sigmoid-gated distillation term, whose advantage form is distill_coef sigma(beta Delta)."""
     return _distilled(sdar_loss, gaps, True, coef=args.distill_coef, beta=args.sdar_beta)
 
 
@@ -201,7 +203,8 @@ def opd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
 
 
 def rlsd_credit(gaps: TeacherGaps, args: Any, step: int) -> torch.Tensor:
-    """RLSD: A_i reweighted by the clipped teacher ratio, lambda decaying over the first steps."""
+    """RLSD: A_i reweighted by the clipped teacher ratio, lambda decaying over the first steps (counted from 1, as
+    the official trainer counts them; ``rlsd_lambda``)."""
     lam = rlsd_lambda(step, args.rlsd_lambda, args.rlsd_decay_steps)
     return rlsd_advantages(gaps.advantage, gaps.delta, gaps.mask, lam, args.rlsd_clip)
 

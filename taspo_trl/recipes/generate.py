@@ -23,6 +23,16 @@ METHODS = ("grpo", "taspo", "alignopsd", "skill_grpo", "opsd", "grpo_opsd", "sda
            "gigpo", "stepopsd")
 CORE_METHODS = ("grpo", "taspo", "alignopsd")
 SKILL_BANKS = {"alfworld": "alfworld", "webshop": "webshop", "search": "searchqa"}
+# GiGPO's normalisation and anchor matching per benchmark, as verl-agent's GiGPO launchers set them
+# (examples/gigpo_trainer/run_{alfworld,webshop,search}.sh: mode and enable_similarity / similarity_thresh).
+GIGPO_LAUNCHERS = {
+    "alfworld": ["gigpo_norm: mean_std  # verl-agent's ALFWorld launcher: mean_std_norm"],
+    "webshop": ["gigpo_norm: mean  # verl-agent's WebShop launcher: mean_norm"],
+    "search": [
+        "gigpo_norm: mean_std  # verl-agent's Search launcher: mean_std_norm",
+        "gigpo_similarity_threshold: 0.9  # and similarity-based anchor states",
+    ],
+}
 
 # The paper runs its analyzer with reasoning off (TASPO Table C.3); quoted, since YAML reads a bare off as false.
 ANALYZER_REASONING = 'analyzer_reasoning: "off"  # the request field: analyzer_reasoning_param (DeepSeek: thinking)'
@@ -89,7 +99,7 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
         ],
         "rlsd": ["rlsd_lambda: 0.5", "rlsd_decay_steps: 50", "rlsd_clip: 0.2"],
         "opid": ["pi_source: aligned", "opid_episode_weight: 0.001", "opid_step_weight: 0.001", "opid_max_step_skills: 5"],
-        "gigpo": ["gigpo_omega: 1.0", "gigpo_gamma: 0.95", "gigpo_norm: mean"],
+        "gigpo": ["gigpo_omega: 1.0", "gigpo_gamma: 0.95", *GIGPO_LAUNCHERS[env]],
         "stepopsd": ["stepopsd_temperature: 1.0", "stepopsd_bound: 0.5"],
     }
     return lines + extra.get(method, [])

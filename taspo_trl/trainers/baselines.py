@@ -3,7 +3,8 @@
 way (`register_credit`).
 
 Every method changes only the per-token advantages of the GRPO step (`turn_advantages`):
-- redistribution or shaping of the outcome advantage A (RLSD, OPID, GiGPO, StepOPSD);
+- redistribution or shaping of the outcome advantage A (RLSD, OPID, StepOPSD), or GiGPO's own episode and step
+  advantages;
 - distillation terms (OPSD, GRPO+OPSD, SDAR, Skill-SD, OPD), which enter as their gradient-equivalent advantage
   (`credit.distillation.gradient_equivalent_advantages`): at the rollout snapshot the clipped surrogate then takes
   exactly the gradient of `L_GRPO + L_distill`, with no second forward pass;
@@ -26,6 +27,7 @@ from accelerate.utils import gather_object
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import use_adapter
 
+from ..credit.baselines import GIGPO_NORMS
 from ..credit.distillation import teacher_version
 from ..credit.registry import CREDIT_METHODS, CreditMethod, OutcomeBatch, TeacherGaps, get_credit
 from ..privileged.context import (
@@ -87,10 +89,13 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
         teacher_model_name_or_path (`str` or `None`): OPD's teacher, a larger causal LM with the policy's tokenizer.
         distill_coef (`float` or `None`): $\lambda$ of the distillation term; `None`: OPSD 1, GRPO+OPSD 0.1, SDAR
             0.01, Skill-SD 0.1, OPD 1 (the method's, 0 for methods without one).
-        sdar_beta (`float`, defaults to `5.0`): SDAR's gate sharpness $\beta$.
+        sdar_beta (`float`, defaults to `5.0`): SDAR's gate sharpness $\beta$; the term's advantage form is
+            `distill_coef` $\cdot\sigma(\beta\Delta_t) \ge 0$, as SDAR's code computes it.
         skill_sd_is_clip (`float`, defaults to `2.0`): Skill-SD's importance-weight clip.
         rlsd_lambda (`float`, defaults to `0.5`): RLSD's $\lambda_0$, linearly decayed to 0 over
-            `rlsd_decay_steps` (50) steps; `rlsd_clip` (0.2) is its $\epsilon$.
+            `rlsd_decay_steps` (50) steps counted from 1, as the official trainer counts them (the first update
+            uses $\lambda_0 (1 - 1/50)$, and from the 50th update on RLSD is GRPO); `rlsd_clip` (0.2) is its
+            $\epsilon$.
         opid_episode_weight / opid_step_weight (`float`, default `0.001`): OPID's weights of the episode- and
             step-skill gaps.
         opid_max_step_skills (`int`, defaults to `5`): OPID's step skills per trajectory, at most: the analyzer
@@ -98,7 +103,12 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
             skill for the step gap. 0 turns the step term off.
         gigpo_omega (`float`, defaults to `1.0`): GiGPO's step-advantage weight $\omega$.
         gigpo_gamma (`float`, defaults to `0.95`): GiGPO's discount $\gamma$ for the step returns.
-        gigpo_norm (`str`, defaults to `"mean"`): GiGPO's anchor-group normalisation.
+        gigpo_norm (`str`, defaults to `"mean"`): the normalisation of both GiGPO's episode and its step
+            advantages (verl-agent's `mode`: `"mean"` is `mean_norm`, its config default and WebShop launcher's;
+            `"mean_std"` is `mean_std_norm`, its ALFWorld and Search launchers').
+        gigpo_similarity_threshold (`float` or `None`, defaults to `None`): GiGPO's anchor-state matching: `None`
+            compares observations exactly (verl-agent's default), a value in (0, 1) merges two states whose
+            `difflib` similarity ratio reaches it (verl-agent's `enable_similarity`; its Search launcher: 0.9).
         stepopsd_temperature (`float`, defaults to `1.0`), stepopsd_bound (`float`, defaults to `0.5`): the
             approximate StepOPSD's budget temperature and weight bound.
     """
@@ -125,7 +135,10 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
     )
     gigpo_omega: float = field(default=1.0, metadata={"help": "GiGPO omega."})
     gigpo_gamma: float = field(default=0.95, metadata={"help": "GiGPO discount gamma."})
-    gigpo_norm: str = field(default="mean", metadata={"help": "GiGPO anchor normalisation: mean or mean_std."})
+    gigpo_norm: str = field(default="mean", metadata={"help": "GiGPO normalisation: mean or mean_std."})
+    gigpo_similarity_threshold: float | None = field(
+        default=None, metadata={"help": "GiGPO anchor-state similarity in (0, 1); None: exact match."}
+    )
     stepopsd_temperature: float = field(default=1.0, metadata={"help": "StepOPSD budget temperature."})
     stepopsd_bound: float = field(default=0.5, metadata={"help": "StepOPSD weight bound."})
 
@@ -141,6 +154,14 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
         method = self.credit_method
         self.pi_source = self.pi_source or method.pi_source
         self._resolve_teacher_schedule(method)
+        if self.gigpo_norm not in GIGPO_NORMS:
+            raise ValueError(f"gigpo_norm must be one of {GIGPO_NORMS}, got {self.gigpo_norm!r}.")
+        threshold = self.gigpo_similarity_threshold
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise ValueError(
+                f"gigpo_similarity_threshold must be in (0, 1) (verl-agent's Search launcher: 0.9) or None for exact "
+                f"anchor-state matching, got {threshold!r}."
+            )
         if self.opid_max_step_skills < 0:
             raise ValueError(f"opid_max_step_skills must be >= 0 (0: no step term), got {self.opid_max_step_skills}.")
         if self.distill_coef is None:
