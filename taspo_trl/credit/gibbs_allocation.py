@@ -278,9 +278,9 @@ def alignopsd_weights(
     """Per-unit bounded Gibbs credit weights: hierarchical allocation + bounded normalisation.
 
     Args:
-        evidence: e_t per turn (``turn_evidences``).
+        evidence: e_t per unit (``turn_evidence``).
         token_counts: n_t, optimised tokens per turn.
-        spans: credit units: ``segment_spans`` (adaptive, the method), ``turn_spans`` or ``random_spans``.
+        spans: the credit units, a contiguous partition of the units into (start, end) spans.
         temperature: credit temperature (default 1.0; ``inf`` = uniform).
         eps: weight bound (default 0.5).
 

@@ -91,8 +91,9 @@ class AlignOPSDConfig(AgentGRPOConfig):
         action_filter (`bool`, defaults to `False`): the action-consistency filter (launchers: ALFWorld-3B and
             WebShop-3B; the paper applies it on every benchmark).
         action_threshold (`float`, defaults to `0.8`): action-embedding cosine of the filter.
-        teacher_max_new_tokens (`int`, defaults to `2048`): the teacher response budget
-            (`teacher_max_response_length`).
+        teacher_max_new_tokens (`int` or `None`, defaults to `None`): the teacher response budget
+            (`teacher_max_response_length`); `None` = `max_completion_length`, as in the official code (five of the
+            six launchers set 2048).
         profile_temperature (`float`, defaults to `0.1`): temperature of the dense profiles $P$.
         profile_distance (`str`, defaults to `"jsd"`): adjacent-profile distance, normalised Jensen-Shannon or
             `"cosine"`.
@@ -125,7 +126,7 @@ class AlignOPSDConfig(AgentGRPOConfig):
     alpha_max: float = field(default=0.8, metadata={"help": "alpha_max: cap of the correction strength."})
     action_filter: bool = field(default=False, metadata={"help": "Action-consistency filter."})
     action_threshold: float = field(default=0.8, metadata={"help": "Action cosine of the filter."})
-    teacher_max_new_tokens: int = field(default=2048, metadata={"help": "Teacher response budget."})
+    teacher_max_new_tokens: int | None = field(default=None, metadata={"help": "Teacher response budget."})
     profile_temperature: float = field(default=0.1, metadata={"help": "Temperature of the dense profiles."})
     profile_distance: str = field(default="jsd", metadata={"help": "jsd | cosine."})
     segmentation_quantile: float = field(default=0.8, metadata={"help": "Quantile of the span threshold."})
@@ -166,8 +167,10 @@ class AlignOPSDConfig(AgentGRPOConfig):
             raise ValueError("span_max_turns must be at least 2 * span_min_turns - 1 so every trajectory can be split.")
         if not 0.0 <= self.segmentation_threshold_min <= self.segmentation_threshold_max <= 1.0:
             raise ValueError("need 0 <= segmentation_threshold_min <= segmentation_threshold_max <= 1.")
-        if self.source_top_k < 1 or self.teacher_max_new_tokens < 1:
-            raise ValueError("source_top_k and teacher_max_new_tokens must be >= 1.")
+        if self.source_top_k < 1:
+            raise ValueError(f"source_top_k must be >= 1, got {self.source_top_k}.")
+        if self.teacher_max_new_tokens is not None and self.teacher_max_new_tokens < 1:
+            raise ValueError(f"teacher_max_new_tokens must be None or >= 1, got {self.teacher_max_new_tokens}.")
         if self.invalid_action_coef < 0:
             raise ValueError(f"invalid_action_coef must be >= 0, got {self.invalid_action_coef}.")
         if self.invalid_action_penalty:
@@ -292,6 +295,11 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 out[j] = value
         return out
 
+    @property
+    def _teacher_tokens(self) -> int:
+        budget = self.args.teacher_max_new_tokens
+        return self.args.max_completion_length if budget is None else budget
+
     @contextmanager
     def _teacher_budget(self) -> Iterator[None]:
         """The teacher's response budget on the vLLM path, which reads it from TRL's generation object per call."""
@@ -300,7 +308,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             yield
             return
         saved = engine.max_completion_length
-        engine.max_completion_length = self.args.teacher_max_new_tokens
+        engine.max_completion_length = self._teacher_tokens
         try:
             yield
         finally:
@@ -319,7 +327,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         prompts, keys = teacher_prompts(everything, wanted, contexts, self.chat)
         generator = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)
         if hasattr(generator, "max_new_tokens"):
-            generator.max_new_tokens = self.args.teacher_max_new_tokens
+            generator.max_new_tokens = self._teacher_tokens
         with self._teacher_budget():
             generations = generator(prompts)  # every process calls once: the vLLM server call is collective
         parsed = [parse_response(self._tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
