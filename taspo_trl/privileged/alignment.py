@@ -85,16 +85,16 @@ class GroupCorrespondence:
         return [n for n, (i, _) in enumerate(self.keys) if i == trajectory]
 
 
-def _embed(encoder: Any, texts: Sequence[str]) -> torch.Tensor:
-    """L2-normalised embeddings of the non-empty texts, zero rows for the empty ones (never compared: they are
-    structurally ineligible)."""
-    present = [k for k, text in enumerate(texts) if text]
-    out: torch.Tensor | None = None
-    if present:
-        encoded = torch.nn.functional.normalize(encoder.encode([texts[k] for k in present]).double(), dim=-1)
-        out = torch.zeros(len(texts), encoded.shape[1], dtype=torch.float64)
-        out[present] = encoded
-    return out if out is not None else torch.zeros(len(texts), 1, dtype=torch.float64)
+def _cosines(encoder: Any, sources: Sequence[str], targets: Sequence[str]) -> torch.Tensor:
+    """Cosine [source, target] of two lists of texts, 0 wherever either text is empty: an empty text is never
+    embedded (it is structurally ineligible, so its entries are never read)."""
+    out = torch.zeros(len(sources), len(targets), dtype=torch.float64)
+    rows, cols = [k for k, x in enumerate(sources) if x], [k for k, x in enumerate(targets) if x]
+    if rows and cols:
+        encoded = encoder.encode([sources[k] for k in rows] + [targets[k] for k in cols]).double()
+        encoded = torch.nn.functional.normalize(encoded, dim=-1)
+        out[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = (encoded[: len(rows)] @ encoded[len(rows) :].T).clamp(-1.0, 1.0)
+    return out
 
 
 def group_correspondence(
@@ -122,16 +122,12 @@ def group_correspondence(
     teacher_parsed = [teacher.get(key, ("", "")) for key in keys]
     rollouts = [i for i, _ in keys]
     b = structural_eligibility(rollouts, [bool(th) for th, _ in teacher_parsed], [bool(th) for th, _ in student])
-    if keys:
-        h = _embed(encoder, [th for th, _ in teacher_parsed]) @ _embed(encoder, [th for th, _ in student]).T
-        h = h.clamp(-1.0, 1.0)
-    else:
-        h = torch.zeros(0, 0, dtype=torch.float64)
+    h = _cosines(encoder, [th for th, _ in teacher_parsed], [th for th, _ in student])
     selected = select_sources(h, b, rollouts, threshold=threshold, top_k=top_k)
     if action_filter and any(selected):
         teacher_actions = [a for _, a in teacher_parsed]
         student_actions = [a for _, a in student]
-        actions = _embed(encoder, teacher_actions) @ _embed(encoder, student_actions).T
+        actions = _cosines(encoder, teacher_actions, student_actions)
         webshop = bool(keys) and everything[keys[0][0]].env_name.lower() == "webshop"
         selected = action_consistent_sources(
             selected, actions, teacher_actions, student_actions, action_threshold, webshop=webshop
