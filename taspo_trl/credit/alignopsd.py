@@ -49,6 +49,7 @@ from typing import Hashable, Sequence
 
 import torch
 
+from .gibbs_allocation import WEIGHT_DTYPE, TensorLike, _vec
 from .gibbs_allocation import alignopsd_weights, turn_evidence  # noqa: F401  (StepOPSD imports them from here)
 
 __all__ = [
@@ -84,22 +85,13 @@ __all__ = [
     "invalid_action_residual",
 ]
 
-WEIGHT_DTYPE = torch.float64
 AGGREGATION_MODES = ("probability_mixture", "log_mean")
 PROFILE_DISTANCES = ("jsd", "cosine")
 SEGMENTATION_MODES = ("adaptive", "random")
 NORMALIZATION_SCOPES = ("trajectory", "turn")
 ABLATIONS = ("A", "B", "C", "D", "E")
 
-TensorLike = torch.Tensor | Sequence[float]
 Span = tuple[int, int]
-
-
-def _vec(values: TensorLike, name: str) -> torch.Tensor:
-    out = torch.as_tensor(values, dtype=WEIGHT_DTYPE)
-    if out.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(out.shape)}")
-    return out
 
 
 def _square(matrix: torch.Tensor, name: str, dtype: torch.dtype = WEIGHT_DTYPE) -> torch.Tensor:
@@ -615,16 +607,10 @@ def flat_turn_weights(
     band: float = 0.2,
 ) -> torch.Tensor:
     """Ablation C, turn allocation without spans (official ``compute_flat_turn_credit``): q = softmax(log n_t +
-    e_t / temp) over the trajectory, h_t = N q_t / n_t, then the same projection and mixing."""
-    e, n = _vec(scores, "scores"), _vec(token_counts, "token_counts")
-    if e.shape != n.shape or not bool(torch.isfinite(e).all()):
-        raise ValueError("scores must be finite, one per turn with its token count")
-    temperature = _positive(temperature, "credit temperature")
-    lower, upper = _density_box(weighting, upper, band)
-    if e.numel() == 0 or bool((e == e[0]).all()):
-        return torch.ones_like(e)
-    raw = n.sum() * torch.softmax(n.log() + e / temperature, dim=0) / n
-    return mix_density(project_weighted_box_budget(raw, n, upper, lower), mixing)
+    e_t / temp) over the trajectory, h_t = N q_t / n_t, then the same projection and mixing. That is
+    ``hierarchical_turn_weights`` with the whole trajectory as its one span (b = 1)."""
+    n_turns = _vec(scores, "scores").numel()
+    return hierarchical_turn_weights(scores, token_counts, [(0, n_turns)] if n_turns else [], temperature, mixing, upper, weighting, band)
 
 
 def flat_token_weights(

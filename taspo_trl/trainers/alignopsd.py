@@ -247,7 +247,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         target_contexts = [contexts[first + i] if i in set(targets) else "" for i in range(local)]
         diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
         plain_turns = rows.collect(plain)
-        corrected, cross_views = self._corrected_gaps(
+        corrected, cross_views, alphas = self._corrected_gaps(
             targets, first, everything, contexts, correspondences, diagonal_gaps, plain_turns
         )
         rescoring_seconds = time.perf_counter() - started
@@ -265,7 +265,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
         self.last_step.weights, self.last_step.spans = weights, spans
         self.last_step.skill_texts = contexts[first : first + local]
-        self._log_alignment(correspondences, spans, teacher_seconds, encoder_seconds, rescoring_seconds, cross_views, threshold)
+        self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
         return [
             [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
             for i in range(local)
@@ -344,9 +344,10 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         correspondences: dict[int, GroupCorrespondence],
         diagonal_gaps: dict[tuple[int, int], torch.Tensor],
         plain_turns: dict[tuple[int, int], torch.Tensor],
-    ) -> tuple[dict[int, list[torch.Tensor | None]], int]:
+    ) -> tuple[dict[int, list[torch.Tensor | None]], int, list[float]]:
         """Official ``combine_cross_teacher_scores`` for every turn of the local targets: the corrected gap per
-        response token (None for a turn that was not scored), and the number of cross views scored. Every process
+        response token (None for a turn that was not scored), the number of cross views scored, and alpha of every
+        matched turn. Every process
         scores, even nothing: the pass may be collective."""
         args = self.args
         alpha_max = 0.0 if args.ablation == "A" else args.alpha_max
@@ -361,6 +362,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 min_rows=self._max_over_processes(len(requests)), batch_size=self.rescore_batch_size,
             )
         cross: dict[tuple[int, int, int], torch.Tensor] = {key: logps.double() for key, logps in zip(owners, scored)}
+        alphas: list[float] = []
         out: dict[int, list[torch.Tensor | None]] = {}
         for i in targets:
             c = correspondences[everything[first + i].group]
@@ -382,8 +384,9 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 alpha = correction_strength(correspondence_confidence(similarities, omega, args.similarity_threshold), alpha_max)
                 mixed = cross_teacher_logprobs(torch.stack([cross[(i, t, s)] for s in sources]), omega, args.aggregation_mode)
                 gaps.append(corrected_token_gap(diagonal, student, mixed, alpha))
+                alphas.append(alpha)
             out[i] = gaps
-        return out, len(requests)
+        return out, len(requests), alphas
 
     def _allocate(
         self,
@@ -413,7 +416,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         counts = [gaps[t].numel() for t in live]
         rows = correspondence.rows_of(index)
         if args.ablation == "C":
-            spans = [(t, t + 1) for t in range(n_turns)]
+            spans = [(0, n_turns)] if n_turns else []  # no segmentation: the trajectory is one unit
             values = flat_turn_weights(scores, counts, args.credit_temperature, args.mixing_coefficient, **box)
         else:
             spans = segment_trajectory(
@@ -462,16 +465,19 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         self,
         correspondences: dict[int, GroupCorrespondence],
         spans: list[list[tuple[int, int]]],
-        teacher_seconds: float,
-        encoder_seconds: float,
-        rescoring_seconds: float,
+        alphas: list[float],
+        seconds: tuple[float, float, float],
         cross_views: int,
         threshold: float,
     ) -> None:
+        """The step's AlignOPSD metrics; ``seconds``: teacher generation, encoder and matching, scoring passes."""
         metrics = self._metrics["train" if self.model.training else "eval"]
+        teacher_seconds, encoder_seconds, rescoring_seconds = seconds
         selected = [len(s) for c in correspondences.values() for s in c.selected]
         metrics["alignopsd/match_rate"].append(sum(n > 0 for n in selected) / max(len(selected), 1))
         metrics["alignopsd/mean_matched_sources"].append(sum(selected) / max(len(selected), 1))
+        # The mean correction strength alpha over the matched target turns.
+        metrics["alignopsd/alpha_mean"].append(sum(alphas) / max(len(alphas), 1))
         valid = [bool(v) for c in correspondences.values() for v in c.profile_valid]
         metrics["alignopsd/profile_valid_rate"].append(sum(valid) / max(len(valid), 1))
         metrics["alignopsd/segmentation_threshold"].append(threshold if threshold != float("inf") else -1.0)
