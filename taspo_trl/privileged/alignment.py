@@ -87,7 +87,9 @@ class GroupCorrespondence:
 
 def _cosines(encoder: Any, sources: Sequence[str], targets: Sequence[str]) -> torch.Tensor:
     """Cosine [source, target] of two lists of texts, 0 wherever either text is empty: an empty text is never
-    embedded (it is structurally ineligible, so its entries are never read)."""
+    embedded (it is structurally ineligible, so its entries are never read). Whitespace is collapsed first, as the
+    official encoder's ``preprocess`` does."""
+    sources, targets = [" ".join(x.split()) for x in sources], [" ".join(x.split()) for x in targets]
     out = torch.zeros(len(sources), len(targets), dtype=torch.float64)
     rows, cols = [k for k, x in enumerate(sources) if x], [k for k, x in enumerate(targets) if x]
     if rows and cols:
