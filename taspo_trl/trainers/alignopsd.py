@@ -216,11 +216,11 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             groups.setdefault(trajectory.group, []).append(j)
         outcome = self._outcome_advantages(everything, groups, step)
 
-        started = time.perf_counter()
         contexts = skill_contexts(self.skill_bank, everything, args.skill_top_k)
         # Only groups whose credit can move need the teacher: a zero advantage stays zero under any weights.
         moving = {g for g, members in groups.items() if any(outcome[j] != 0 and contexts[j] for j in members)}
-        targets = [i for i in range(local) if outcome[first + i] != 0 and contexts[first + i] and everything[first + i].group in moving]
+        targets = [i for i in range(local) if outcome[first + i] != 0 and contexts[first + i]]
+        started = time.perf_counter()
         teacher = self._teacher_responses(everything, first, local, contexts, moving)
         teacher_seconds = time.perf_counter() - started
 
@@ -235,16 +235,17 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             if g in moving
         }
         # The span threshold pools every valid distance of the step; every process sees the whole batch.
-        distances = [c.distances[c.boundary_valid] for c in correspondences.values()]
+        computed = list(correspondences.values())
         threshold = segmentation_threshold(
-            torch.cat(distances) if distances else torch.zeros(0, dtype=torch.float64),
-            torch.ones(sum(d.numel() for d in distances), dtype=torch.bool),
+            torch.cat([c.distances for c in computed]) if computed else torch.zeros(0, dtype=torch.float64),
+            torch.cat([c.boundary_valid for c in computed]) if computed else torch.zeros(0, dtype=torch.bool),
             args.segmentation_quantile, args.segmentation_threshold_min, args.segmentation_threshold_max,
         )
         encoder_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        target_contexts = [contexts[first + i] if i in set(targets) else "" for i in range(local)]
+        wanted = set(targets)
+        target_contexts = [contexts[first + i] if i in wanted else "" for i in range(local)]
         diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
         plain_turns = rows.collect(plain)
         corrected, cross_views, alphas = self._corrected_gaps(
