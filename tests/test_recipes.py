@@ -127,6 +127,8 @@ def test_alignopsd_recipes_carry_the_official_launcher_values(env, model):
     assert data["per_device_train_batch_size"] * data["gradient_accumulation_steps"] * 8 == tasks * 8
     sdar_note = "SDAR auxiliary" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()
     assert sdar_note == ((env, model) == ("alfworld", "qwen2.5-3b"))
+    # ALFWorld and WebShop validate at temperature 0.4 (the launchers' val_kwargs).
+    assert ("--temperature 0.4" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()) == (env != "search")
 
 
 def test_webshop_action_filter_keeps_only_the_same_operation_and_click_target(encoder):

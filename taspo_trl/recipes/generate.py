@@ -92,6 +92,8 @@ def alignopsd_block(env: str, model_key: str, cpu: bool) -> list[str]:
         "weighting_mode: legacy", f"grpo_normalization_scope: {p['scope']}", "advantage_epsilon: 1.0e-6",
         f"invalid_action_coef: {p['invalid']}", "ablation: E",
     ]
+    if env in ("alfworld", "webshop") and not cpu:
+        lines.append("# The launcher validates with sampling at temperature 0.4: taspo-eval ... --temperature 0.4")
     if p["sdar"]:
         lines.append("# The launcher also adds an SDAR auxiliary loss (coefficient 0.01, gate beta 5.0), which the paper")
         lines.append("# does not describe; AlignOPSDTrainer does not add it (the paper's reading).")
