@@ -383,7 +383,9 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 similarities = c.similarity[list(sources), row]
                 omega = source_weights(similarities, args.aggregation_temperature)
                 alpha = correction_strength(correspondence_confidence(similarities, omega, args.similarity_threshold), alpha_max)
-                mixed = cross_teacher_logprobs(torch.stack([cross[(i, t, s)] for s in sources]), omega, args.aggregation_mode)
+                # The cross views score the turn's whole response; the diagonal side covers its policy tokens.
+                views = torch.stack([cross[(i, t, s)][: diagonal.numel()] for s in sources])
+                mixed = cross_teacher_logprobs(views, omega, args.aggregation_mode)
                 gaps.append(corrected_token_gap(diagonal, student, mixed, alpha))
                 alphas.append(alpha)
             out[i] = gaps
