@@ -214,3 +214,39 @@ def test_missing_sentence_transformers_at_load_time(monkeypatch, tmp_path):
     _hide_module(monkeypatch, "sentence_transformers")
     with pytest.raises(ImportError, match="pip install sentence-transformers"):
         fresh.encode(["x"])
+
+
+def test_last_token_pool_picks_the_last_attended_position():
+    """Hand: left padding -> the final position; right padding -> the last 1 of each mask row."""
+    from taspo_trl.privileged.encoder import last_token_pool
+
+    hidden = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)  # value = row * 4 + position
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert last_token_pool(hidden, left).flatten().tolist() == [3.0, 7.0]
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]])
+    assert last_token_pool(hidden, right).flatten().tolist() == [1.0, 6.0]
+    with pytest.raises(ValueError, match="all padding"):
+        last_token_pool(hidden, torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
+
+
+def test_a_transformers_folder_is_encoded_at_its_last_token(tmp_path):
+    """A plain transformers folder (a tiny random Llama with the embedded tokenizer, standing in for
+    Qwen3-Embedding) goes to LastTokenEncoder: each row is the unit-normalised hidden state of the text's last
+    token, computed alone without padding, so left padding in a batch changes nothing; whitespace is collapsed."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from taspo_trl.privileged.encoder import LastTokenEncoder
+    from taspo_trl.testing import make_tiny_model_dir
+
+    folder = make_tiny_model_dir(tmp_path / "tiny")
+    encoder = get_encoder(folder, batch_size=2)
+    assert isinstance(encoder, LastTokenEncoder)
+    texts = ["go to the sinkbasin 1", "clean   the\nfork", "a"]
+    batched = encoder.encode(texts)
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    for row, text in zip(batched, texts):
+        ids = tokenizer(" ".join(text.split()), return_tensors="pt")
+        with torch.no_grad():
+            alone = model(**ids).last_hidden_state[0, -1]
+        torch.testing.assert_close(row, torch.nn.functional.normalize(alone, dim=0), atol=1e-5, rtol=1e-5)
+    assert batched.norm(dim=1).tolist() == pytest.approx([1.0] * 3, abs=1e-6)

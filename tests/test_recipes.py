@@ -3,6 +3,7 @@ trains one optimizer step on the embedded ALFWorld (with a tiny policy in place 
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -91,26 +92,56 @@ def test_baseline_recipes_run_their_methods_missing_parts():
             assert yaml.safe_load(path.read_text())["analyzer_reasoning"] == "off", path.name
 
 
-def test_webshop_alignopsd_recipes_match_only_the_same_operation_and_click_target(encoder):
-    """AlignOPSD on WebShop (every recipe): with the recipe's correspondence settings, a target turn's sources
-    click exactly what it clicks, even where the action embeddings of two different clicks are within the
-    0.8 cosine filter ("small" / "x-small", two product ids); without the exact rule those would match."""
+# The official launchers' values (mingju-c/Align-OPSD, examples/beyond_timestamps_trainer/run_<benchmark>_<size>.sh),
+# read off the launchers, as recipe keys. Per profile: tau, k, alpha_max, aggregation, credit temperature, GRPO scope,
+# action filter, invalid-action coefficient, teacher budget (None: the launcher's null), KL, max turns, max prompt
+# tokens, warmup ratio, tasks per step.
+OFFICIAL_LAUNCHERS = {
+    ("alfworld", "qwen2.5-3b"): (0.65, 2, 0.8, "probability_mixture", 0.5, "turn", True, 0.1, 2048, 0.01, 50, 2048, 0.0, 16),
+    ("alfworld", "qwen2.5-7b"): (0.8, 3, 0.8, "probability_mixture", 0.5, "turn", False, 0.1, 2048, 0.01, 50, 2048, 0.0, 16),
+    ("webshop", "qwen2.5-3b"): (0.8, 3, 0.8, "probability_mixture", 0.2, "turn", True, 0.1, 2048, 0.01, 15, 4096, 0.0, 16),
+    ("webshop", "qwen2.5-7b"): (0.8, 2, 0.8, "probability_mixture", 0.5, "turn", False, 0.1, 2048, 0.01, 15, 4096, 0.0, 16),
+    ("search", "qwen2.5-3b"): (0.7, 3, 0.2, "log_mean", 1.0, "trajectory", False, 0.01, None, 0.001, 4, 4096, 0.1, 128),
+    ("search", "qwen2.5-7b"): (0.7, 3, 0.8, "probability_mixture", 0.5, "turn", False, 0.01, 2048, 0.001, 4, 4096, 0.1, 128),
+}
+# Shared by all six launchers.
+OFFICIAL_SHARED = dict(
+    num_generations=8, learning_rate=1e-6, max_completion_length=512, temperature=1.0, top_p=1.0, max_steps=150,
+    loss_type="dapo", turn_balanced_loss=False, aggregation_temperature=0.1, action_threshold=0.8,
+    profile_temperature=0.1, profile_distance="jsd", segmentation_quantile=0.8, segmentation_threshold_min=0.01,
+    segmentation_threshold_max=0.1, span_min_turns=2, span_max_turns=8, mixing_coefficient=0.5,
+    density_upper_bound=4.0, weighting_mode="legacy", advantage_epsilon=1e-6, ablation="E",
+)
+OFFICIAL_KEYS = ("similarity_threshold", "source_top_k", "alpha_max", "aggregation_mode", "credit_temperature",
+                 "grpo_normalization_scope", "action_filter", "invalid_action_coef", "teacher_max_new_tokens", "beta",
+                 "max_turns", "max_prompt_tokens", "warmup_steps")
+
+
+@pytest.mark.parametrize(("env", "model"), sorted(OFFICIAL_LAUNCHERS), ids=lambda v: str(v))
+def test_alignopsd_recipes_carry_the_official_launcher_values(env, model):
+    data = yaml.safe_load((ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text())
+    *values, tasks = OFFICIAL_LAUNCHERS[(env, model)]
+    assert {key: data[key] for key in OFFICIAL_KEYS} == dict(zip(OFFICIAL_KEYS, values))
+    assert {key: data[key] for key in OFFICIAL_SHARED} == OFFICIAL_SHARED
+    # The recipes are sized for 8 GPUs: per-device batch x accumulation x 8 = tasks x 8 rollouts.
+    assert data["per_device_train_batch_size"] * data["gradient_accumulation_steps"] * 8 == tasks * 8
+    sdar_note = "SDAR auxiliary" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()
+    assert sdar_note == ((env, model) == ("alfworld", "qwen2.5-3b"))
+    # ALFWorld and WebShop validate at temperature 0.4 (the launchers' val_kwargs).
+    assert ("--temperature 0.4" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()) == (env != "search")
+
+
+def test_webshop_action_filter_keeps_only_the_same_operation_and_click_target(encoder):
+    """The WebShop-3B profile's action filter (official ``action_consistency_mask(webshop=True)``): a target
+    turn's sources click exactly what it clicks, even where the embeddings of two different clicks are within
+    the 0.8 cosine filter ("small" / "x-small", two product ids); without the WebShop rule those would match."""
     from test_privileged_analyzers import played
 
     from taspo_trl.envs.webshop import load_catalog, webshop_env_factory
-    from taspo_trl.privileged.decisions import embed_group, target_correspondence
+    from taspo_trl.privileged.alignment import group_correspondence, parse_response
 
-    recipes = _recipes("alignopsd", "webshop")
-    assert len(recipes) == 5  # the quickstart, 3 backbones and LoRA
-    settings = {
-        (d["exact_action_match"], d["similarity_threshold"], d["source_top_k"], d["action_threshold"])
-        for d in (yaml.safe_load(p.read_text()) for p in recipes)
-    }
-    assert len(settings) == 1
-    [(exact, threshold, top_k, action_threshold)] = settings
-    assert exact is True
-    assert all("exact_action_match" not in p.read_text() for p in _recipes("alignopsd") if p not in recipes)
-
+    data = yaml.safe_load((ROOT / "recipes" / "paper" / "webshop" / "alignopsd_qwen2.5-3b.yaml").read_text())
+    assert data["action_filter"] is True
     goal = load_catalog(0).goal("train", 0)
     asin, search = goal["asin"].lower(), f"search[{goal['query']}]"
     env = webshop_env_factory({"goal_index": 0, "split": "train"})
@@ -132,14 +163,19 @@ def test_webshop_alignopsd_recipes_match_only_the_same_operation_and_click_targe
             key = "search" if turn.action.startswith("search[") else turn.action[len("click["):-1]
             thought = thoughts.get(key, "This listing looks right, so I open it.")
             turn.response_text = f"<think>{thought}</think><action>{turn.action}</action>"
-    states = embed_group(group, range(3), encoder)
-    kwargs = dict(threshold=threshold, top_k=top_k, action_threshold=action_threshold)
+    teacher = {(i, t): parse_response(turn.response_text) for i, tr in enumerate(group) for t, turn in enumerate(tr.turns)}
+    settings = dict(threshold=0.7, top_k=data["source_top_k"], action_filter=True, action_threshold=data["action_threshold"],
+                    profile_temperature=0.1, profile_distance="jsd")
 
-    def sources(exact_action_match: bool) -> list[set[str]]:
-        turns, columns = target_correspondence(group, 0, states, exact_action_match=exact_action_match, **kwargs)
-        return [{group[columns[c][0]].turns[columns[c][1]].action for c in turn.sources} for turn in turns]
+    def sources(trajectories) -> list[set[str]]:
+        c = group_correspondence(trajectories, [0, 1, 2], teacher, encoder, **settings)
+        return [{trajectories[c.keys[s][0]].turns[c.keys[s][1]].action for s in c.selected[row]} for row in c.rows_of(0)]
 
-    exact_sources, loose_sources = sources(True), sources(False)
+    exact_sources = sources(group)
+    loose_group = [copy.copy(t) for t in group]
+    for t in loose_group:
+        t.env_name = "elsewhere"  # the embedding filter alone, as on the other benchmarks
+    loose_sources = sources(loose_group)
     target_actions = [turn.action for turn in group[0].turns]
     assert all(found <= {action} for found, action in zip(exact_sources, target_actions, strict=True))
     assert exact_sources[0] == {search} and exact_sources[1] == {f"click[{asin}]"}
@@ -160,7 +196,9 @@ def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
         if data["method"] == "taspo":
             assert trainer.args.pi_source == "aligned"
         if data["method"] == "alignopsd":
-            assert trainer.args.exact_action_match == (data["environment"] == "webshop")
+            assert trainer.args.similarity_threshold == pytest.approx(float(data["similarity_threshold"]))
+            assert trainer.args.action_filter == data["action_filter"]
+            assert trainer.args.teacher_max_new_tokens == data["teacher_max_new_tokens"]
         if data.get("use_peft"):
             assert hasattr(trainer.model, "peft_config")
     finally:

@@ -1,5 +1,6 @@
-"""AlignOPSD: decision correspondence on a hand-built group with the real offline encoder, and the trainer's
-credit on the real ALFWorld engine (scripted plans, real log-probs of a tiny policy)."""
+"""AlignOPSD: the official stages wired into the trainer. Correspondence on a hand-built group with the real
+offline encoder; the trainer's credit on the real ALFWorld engine (scripted plans, real log-probs of a tiny policy,
+a scripted teacher)."""
 
 from __future__ import annotations
 
@@ -15,117 +16,107 @@ from trl.trainer.utils import pad
 
 import taspo_trl.trainers.alignopsd as alignopsd_module
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
-from taspo_trl.credit.alignopsd import (
-    adaptive_threshold,
-    correspondence_shifts,
-    segment_spans,
-)
+from taspo_trl import AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer
+from taspo_trl.credit.alignopsd import group_outcome_advantage
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.privileged.alignment import active_contexts, aligned_view_requests, batch_correspondences
-from taspo_trl.privileged.decisions import (
-    embed_group,
-    target_correspondence,
-    think_text,
-)
+from taspo_trl.privileged.alignment import cross_view_requests, group_correspondence, parse_response
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.chat import ChatFormat
+from taspo_trl.rollout.generation import Generation
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers.step import StepView
+
+_MATCH = dict(threshold=0.7, top_k=2, action_filter=False, action_threshold=0.8, profile_temperature=0.1, profile_distance="jsd")
 
 
 def _rollout(steps: list[tuple[str, str]], won: bool) -> Trajectory:
     trajectory = Trajectory(task_spec={}, task="heat some apple and put it in fridge", initial_observation="", group=0, won=won)
     for think, action in steps:
-        text = f"<think>{think}</think> <action>{action}</action>"
+        text = (f"<think>{think}</think> " if think else "") + f"<action>{action}</action>"
         trajectory.turns.append(Turn([1], [2], [0.0], text, action, True, "ok", (0, 1), "..."))
     return trajectory
 
 
 def _hand_built_group() -> list[Trajectory]:
-    """A target, a sibling that paraphrases its every step, and an unrelated failing sibling."""
+    """A target, a sibling that paraphrases its steps (no thinking at its turn 1), and an unrelated sibling."""
     target = _rollout(
         [
             ("I need to find the apple, the countertop is a likely place.", "go to countertop 1"),
             ("The apple is here on the countertop, I will pick it up.", "take apple 1 from countertop 1"),
             ("Now I have to heat the apple, so I go to the microwave.", "go to microwave 1"),
-            ("Heat the apple with the microwave.", "heat apple 1 with microwave 1"),
         ],
         won=True,
     )
     paraphrase = _rollout(
         [
             ("The apple is probably on the countertop, let me go there.", "go to countertop 1"),
-            ("I see the apple on the countertop and take it.", "take apple 1 from countertop 1"),
+            ("", "take apple 1 from countertop 1"),
             ("To heat the apple I should walk to the microwave.", "go to microwave 1"),
-            ("Use the microwave to heat the apple.", "heat apple 1 with microwave 1"),
         ],
         won=True,
     )
     unrelated = _rollout(
-        [
-            ("Let me check what I am carrying.", "inventory"),
-            ("I will look around the room.", "look"),
-            ("Maybe the drawer has something useful.", "go to drawer 1"),
-        ],
-        won=False,
+        [("Let me check what I am carrying.", "inventory"), ("I will look around the room.", "look")], won=False
     )
     return [target, paraphrase, unrelated]
 
 
-def test_hand_built_group_correspondence_and_spans(encoder):
+def _teacher_echo(group: list[Trajectory]) -> dict[tuple[int, int], tuple[str, str]]:
+    """A teacher that thinks, at every turn, what the student wrote there."""
+    return {(i, t): parse_response(turn.response_text) for i, tr in enumerate(group) for t, turn in enumerate(tr.turns)}
+
+
+def test_parse_response_reads_think_and_the_first_action_block():
+    """The official parser: the first <think> block and the first <action>/<search>/<answer> block, stripped;
+    text outside the tags is never taken for thinking."""
+    assert parse_response("<THINK> go \n left </think><action> open door </action>") == ("go \n left", "open door")
+    assert parse_response("no tags <action>open door</action> here") == ("", "open door")
+    assert parse_response("<think>look it up</think><search>capital of peru</search>") == ("look it up", "capital of peru")
+    assert parse_response("<think>done</think><answer>Lima</answer>") == ("done", "Lima")
+    assert parse_response("nothing") == ("", "")
+
+
+def test_hand_built_group_teacher_to_student_correspondence(encoder):
     group = _hand_built_group()
-    states = embed_group(group, [0, 1, 2], encoder)
-    per_turn, columns = target_correspondence(group, 0, states, threshold=0.7, top_k=2, action_threshold=0.8)
-    chosen = [[columns[s] for s in match.sources] for match in per_turn]
-    # Turn 1's closest state is the paraphrase's turn 0 ("go to countertop"), one source per sibling keeps only
-    # that one, and the action filter then rejects it (taking the apple is not going to the countertop).
-    assert chosen == [[(1, 0)], [], [(1, 2)], [(1, 3)]]
-    assert all((2, t) not in sum(chosen, []) for t in range(3))  # the unrelated rollout never corresponds
-    assert per_turn[1].quality == 0.0 and all(0 < per_turn[t].quality <= 1 for t in (0, 2, 3))
-    shifts = correspondence_shifts([match.distribution for match in per_turn])
-    # The reference context stays put over "find the apple" -> "take it", then jumps to "heat it".
-    assert int(torch.argmax(shifts)) == 1
-    spans = segment_spans(shifts, adaptive_threshold([shifts]), min_len=1, max_len=8)
-    assert spans == [(0, 2), (2, 4)]
+    c = group_correspondence(group, [0, 1, 2], _teacher_echo(group), encoder, **_MATCH)
+    chosen = {c.keys[row]: [c.keys[s] for s in c.selected[row]] for row in c.rows_of(0)}
+    # Turns 0 and 2 find the paraphrase's same step; turn 1's counterpart has no thinking (ineligible), and the
+    # unrelated rollout never clears tau.
+    assert chosen[(0, 0)] == [(1, 0)] and chosen[(0, 2)] == [(1, 2)]
+    assert all(key[0] != 2 for sources in chosen.values() for key in sources)
+    # A turn without thinking can neither give nor receive: no eligible source, an all-zero invalid profile.
+    row = c.keys.index((1, 1))
+    assert not bool(c.eligible[row].any()) and not bool(c.eligible[:, row].any())
+    assert not bool(c.profile_valid[row]) and float(c.profiles[row].sum()) == 0.0
+    # The similarity runs from the teacher's thinking at the source to the student's at the target: a teacher that
+    # thinks nothing at the paraphrase's turns leaves them no outgoing edge, while they still receive.
+    silent = {k: ("", v[1]) if k[0] == 1 else v for k, v in _teacher_echo(group).items()}
+    c2 = group_correspondence(group, [0, 1, 2], silent, encoder, **_MATCH)
+    assert all(c2.keys[s][0] != 1 for row in c2.rows_of(0) for s in c2.selected[row])
+    assert any(c2.keys[s][0] == 0 for row in c2.rows_of(1) for s in c2.selected[row])
 
 
-class _CountingEncoder:
-    def __init__(self, encoder):
-        self.encoder, self.calls = encoder, 0
-
-    def encode(self, texts):
-        self.calls += 1
-        return self.encoder.encode(texts)
-
-
-def test_batch_stages_on_the_hand_built_group(encoder, embedded_tokenizer):
+def test_action_filter_drops_a_source_whose_action_disagrees(encoder):
     group = _hand_built_group()
-    # A zero advantage can't move under any weights: that trajectory is neither matched nor rescored.
-    active = active_contexts(["[Skills] a", "[Skills] b", "[Skills] c"], torch.tensor([0.5, 0.0, -1.0]))
-    assert active == ["[Skills] a", "", "[Skills] c"]
-    counting = _CountingEncoder(encoder)
-    found = batch_correspondences(
-        group, 0, active, counting, {}, exact_action_match=False, threshold=0.7, top_k=2, action_threshold=0.8
-    )
-    assert sorted(found) == [0, 2]
-    assert counting.calls == 2  # the group's thinking and actions, encoded once for both targets
-    per_turn, columns = found[0]
-    assert [[columns[s] for s in match.sources] for match in per_turn] == [[(1, 0)], [], [(1, 2)], [(1, 3)]]
-    # One aligned view per kept source: the target's response under the source's history and the source's p_x.
+    teacher = _teacher_echo(group)
+    teacher[(1, 0)] = (teacher[(1, 0)][0], "inventory")  # the teacher would act differently at that source
+    c = group_correspondence(group, [0, 1, 2], teacher, encoder, **{**_MATCH, "action_filter": True})
+    assert [c.keys[s] for s in c.selected[c.keys.index((0, 0))]] == []
+    assert [c.keys[s] for s in c.selected[c.keys.index((0, 2))]] == [(1, 2)]
+
+
+def test_cross_views_are_the_target_response_under_the_source_teacher_prompt(encoder, embedded_tokenizer):
+    group = _hand_built_group()
+    c = group_correspondence(group, [0, 1, 2], _teacher_echo(group), encoder, **_MATCH)
     chat = ChatFormat(embedded_tokenizer)
     contexts = ["[Skills] a", "[Skills] b", "[Skills] c"]
-    requests, owners = aligned_view_requests({0: found[0]}, group, group, contexts, chat)
-    assert [(i, t, columns[s]) for i, t, s in owners] == [(0, 0, (1, 0)), (0, 2, (1, 2)), (0, 3, (1, 3))]
-    for (prompt, response), (_, t, s) in zip(requests, owners):
-        assert prompt == privileged_prompt_ids(group[1], columns[s][1], "[Skills] b", chat)
+    requests, owners = cross_view_requests(c, 0, group, contexts, chat)
+    # Turn 1's own counterpart (1, 1) is ineligible, so it takes that sibling's next-best turn, (1, 0).
+    assert [(t, c.keys[s]) for t, s in owners] == [(0, (1, 0)), (1, (1, 0)), (2, (1, 2))]
+    for (prompt, response), (t, s) in zip(requests, owners):
+        assert prompt == privileged_prompt_ids(group[1], c.keys[s][1], "[Skills] b", chat)
         assert response is group[0].turns[t].response_ids
-
-
-def test_think_text():
-    assert think_text("<THINK> go \n left </think><action>x</action>") == "go left"
-    assert think_text("no tags <action>open door</action> here") == "no tags here"
 
 
 @pytest.fixture(scope="module")
@@ -133,69 +124,121 @@ def pick_game(tmp_path_factory):
     return generate_games(tmp_path_factory.mktemp("games"), 1, 0, "train", task_types=["pick_and_place_simple"])[0]
 
 
-def test_teacher_side_thinking_replaces_the_targets_decision_states(encoder):
-    group = _hand_built_group()
-    states = embed_group(group, [0, 1, 2], encoder)
-    # The teacher's thinking for each target turn says what the paraphrase sibling said at the same step, so every
-    # turn now finds that step (cosine 1), and turn 1 finds "take apple" instead of "go to countertop".
-    teacher = encoder.encode([think_text(turn.response_text) for turn in group[1].turns])
-    per_turn, columns = target_correspondence(
-        group, 0, states, target_thinking=teacher, threshold=0.7, top_k=2, action_threshold=0.8
-    )
-    assert [[columns[s] for s in match.sources] for match in per_turn] == [[(1, 0)], [(1, 1)], [(1, 2)], [(1, 3)]]
-    with pytest.raises(ValueError, match="target_thinking has 2 rows for 4 target turns"):
-        target_correspondence(group, 0, states, target_thinking=teacher[:2], threshold=0.7, top_k=2, action_threshold=0.8)
+class _Teacher:
+    """The teacher's generator: one fixed thinking for every privileged prompt (close to the plans' student
+    thinking, so sources are found); records the prompts and the budget it was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.prompts, self.max_new_tokens = tokenizer, [], None
+
+    def __call__(self, prompts):
+        self.prompts.append(len(prompts))
+        ids = self.tokenizer("<think>Step 1: I will do the next step.</think> <action>look</action>", add_special_tokens=False)["input_ids"]
+        return [Generation(list(ids), [0.0] * len(ids), True) for _ in prompts]
 
 
-@pytest.mark.parametrize(("allocation", "teacher_thinking"), [("adaptive", False), ("token", False), ("adaptive", True)])
-def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, allocation, teacher_thinking):
+def _trainer(tmp_path, tiny_model_dir, pick_game, encoder, **overrides):
     config = AlignOPSDConfig(
-        **cpu_trainer_kwargs(
-            tmp_path / "out", max_turns=6, similarity_threshold=0.5, allocation=allocation, teacher_thinking=teacher_thinking
-        )
+        **cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5, **overrides)
     )
-    trainer = AlignOPSDTrainer(
+    return AlignOPSDTrainer(
         model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
     )
-    walkthrough = json.loads(Path(pick_game).read_text())["walkthrough"]
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6))
+
+
+def _script(trainer, game, monkeypatch, wins=2) -> _Teacher:
+    walkthrough = json.loads(Path(game).read_text())["walkthrough"]
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6, wins=wins))
+    teacher = _Teacher(trainer.processing_class)
     monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    monkeypatch.setattr(alignopsd_module, "generator_for_trainer", lambda _trainer, batch_size=None: teacher)
+    return teacher
+
+
+@pytest.mark.parametrize("ablation", ["E", "B"])
+def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder, ablation):
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder, ablation=ablation, teacher_max_new_tokens=64)
+    teacher = _script(trainer, pick_game, monkeypatch)
     try:
         trainer.train()
     finally:
         trainer.close()
     logged = trainer.state.log_history[0]
-    assert ("alignopsd/teacher_thinking_seconds" in logged) == teacher_thinking
-    if teacher_thinking:  # the tiny random policy thinks nothing the siblings said: no source clears 0.5
-        assert logged["alignopsd/match_rate"] == 0 and logged["alignopsd/aligned_views"] == 0
-        return
-    assert logged["alignopsd/match_rate"] > 0 and logged["alignopsd/aligned_views"] > 0
+    assert logged["alignopsd/match_rate"] > 0 and logged["alignopsd/cross_views"] > 0
+    assert logged["alignopsd/teacher_generation_seconds"] > 0 and 0 < logged["alignopsd/alpha_mean"] <= 0.8
+    assert teacher.max_new_tokens == 64 and teacher.prompts == [sum(t.num_turns for t in trainer.last_step.trajectories)]
     assert torch.isfinite(torch.tensor(logged["loss"]))
     assert all(text.startswith("[Skills]") for text in trainer.last_step.skill_texts)
-    trajectories = trainer.last_step.trajectories
     redistributed = 0
-    for trajectory, weights in zip(trajectories, trainer.last_step.weights):
+    for trajectory, weights in zip(trainer.last_step.trajectories, trainer.last_step.weights):
         counts = [len(turn.response_ids) for turn in trajectory.turns]
-        per_token = [
-            w for n, turn_w in zip(counts, weights) for w in (turn_w if isinstance(turn_w, list) else [turn_w] * n)
-        ]
+        per_token = [w for n, tw in zip(counts, weights) for w in (tw if isinstance(tw, list) else [tw] * n)]
         w = torch.tensor(per_token, dtype=torch.float64)
-        assert torch.all(w >= 0.5 - 1e-9) and torch.all(w <= 1.5 + 1e-9)  # weight_bound = 0.5
-        assert w.mean().item() == pytest.approx(1.0, abs=1e-9)  # token-weighted mean advantage preserved
+        # Official box [0, 4] mixed at 0.5: [0.5, 2.5]; the token ablation has no mixing: [0, 4].
+        low, high = (0.5, 2.5) if ablation == "E" else (0.0, 4.0)
+        assert torch.all(w >= low - 1e-9) and torch.all(w <= high + 1e-9)
+        assert w.mean().item() == pytest.approx(1.0, abs=1e-9)  # the token budget: sum_t n_t w_t = N
         redistributed += not torch.all(w == 1.0)
     assert redistributed >= 2
 
 
-def test_all_fail_step_runs_no_rescoring_pass(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
-    """No sibling won, so no advantage can move: no privileged, aligned or plain pass may run, even when the
-    sampler ran under bf16 autocast and only a forward pass could give the plain log-probs."""
-    config = AlignOPSDConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5))
-    trainer = AlignOPSDTrainer(
-        model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
-    )
-    walkthrough = json.loads(Path(pick_game).read_text())["walkthrough"]
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6, wins=0))
-    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+def _one_step(trainer, game, monkeypatch) -> StepView:
+    """What the credit hook gets in one scripted step; the credit itself is left out of that step."""
+    _script(trainer, game, monkeypatch)
+    seen: list = []
+
+    def capture(step):
+        seen.append(step)
+        return [[0.0] * t.num_turns for t in step.trajectories]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer, "turn_advantages", capture)
+        trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
+    return seen[0]
+
+
+def test_grpo_fallback_is_bit_for_bit_when_no_task_has_skills(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """No p_x anywhere (trajectory scope, no invalid-action residual): nothing is generated or matched and every
+    turn gets exactly GRPO's A_i."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder, grpo_normalization_scope="trajectory", invalid_action_coef=0.0)
+    try:
+        step = _one_step(trainer, pick_game, monkeypatch)
+        monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: [""] * len(trajectories))
+        got = trainer.turn_advantages(step)
+        want = AgentGRPOTrainer.turn_advantages(trainer, step)
+    finally:
+        trainer.close()
+    assert got == want and any(a != 0 for turns in want for a in turns)
+
+
+def test_turn_scope_advantage_and_invalid_residual_in_the_trainer(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """The trainer's outcome advantage is the official turn-scope one over the group's rewards and turn counts,
+    and the residual is added per turn: an all-fail step has A = 0 and only the invalid turns move."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder)
+    try:
+        step = _one_step(trainer, pick_game, monkeypatch)
+        groups = {0: list(range(len(step.trajectories)))}
+        outcome = trainer._outcome_advantages(step.trajectories, groups, step)
+        want = group_outcome_advantage(step.rewards.double(), [t.num_turns for t in step.trajectories], "turn", 1e-6)
+        assert outcome == pytest.approx(want.tolist(), abs=1e-12)
+        residuals = trainer._invalid_residuals(step.trajectories, step.rewards.double(), groups, 0, len(step.trajectories))
+    finally:
+        trainer.close()
+    # Hand: normalise the turn rows' rewards with and without the 0.1 penalty on invalid rows; the difference.
+    rewards = torch.tensor([float(r) for r, t in zip(step.rewards, step.trajectories) for _ in t.turns], dtype=torch.float64)
+    invalid = torch.tensor([not turn.action_valid for t in step.trajectories for turn in t.turns], dtype=torch.float64)
+    assert invalid.sum() > 0
+    penalised = rewards - 0.1 * invalid
+    want = (penalised - penalised.mean()) / (penalised.std() + 1e-6) - (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    assert [v for row in residuals for v in row] == pytest.approx(want.tolist(), abs=1e-12)
+
+
+def test_all_fail_step_runs_no_teacher_and_no_scoring_pass(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """No sibling won, so no outcome advantage can move: no teacher generation and no privileged, cross or plain
+    pass runs, even when the sampler ran under bf16 autocast. Only the invalid-action residual is left: with
+    equal rewards, the invalid turns fall below the group's mean and the valid ones rise above it."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder)
+    teacher = _script(trainer, pick_game, monkeypatch, wins=0)
     monkeypatch.setattr(trainer.args, "bf16", True)
     passes = []
     snapshot = trainer._snapshot_logprobs
@@ -204,89 +247,53 @@ def test_all_fail_step_runs_no_rescoring_pass(tmp_path, tiny_model_dir, pick_gam
         batch = trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
     finally:
         trainer.close()
-    assert batch["advantages"].abs().sum() == 0
-    assert passes == []
+    assert passes == [] and teacher.prompts == []
+    per_turn = [a for turns in trainer.last_step.trajectories for a in turns.turns]
+    assert any(not turn.action_valid for turn in per_turn) and any(turn.action_valid for turn in per_turn)
+    assert bool((batch["advantages"] < 0).any()) and bool((batch["advantages"] > 0).any())
 
 
-def _one_step_inputs(trainer, game, monkeypatch) -> tuple:
-    """What ``turn_weights`` gets in one scripted step (trajectories, advantages, rows, batch); the credit itself is
-    left out of that step."""
-    walkthrough = json.loads(Path(game).read_text())["walkthrough"]
-    generator = PlannedGenerator(trainer.model, trainer.processing_class, walkthrough_plans(walkthrough, 6))
-    seen: list = []
-
-    def capture(step):
-        seen.append((step.trajectories, step.advantages, step.rows, step.batch))
-        return [[1.0] * t.num_turns for t in step.trajectories]
-
-    with monkeypatch.context() as patch:
-        patch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
-        patch.setattr(trainer, "turn_weights", capture)
-        trainer._generate_and_score_completions([dict(trainer.train_dataset[0]) for _ in range(4)])
-    return seen[0]
-
-
-def test_rectified_gap_has_one_plain_reference(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
-    """g0 and every aligned g_j subtract the same plain log-probs. Sampling log-probs that differ from the snapshot's
-    by a constant (another engine's, e.g. vLLM's) must therefore not move the rectified gap g~: it is taken against
-    TRL's recomputed log-probs when TRL computed them, and against a pass of the trainer's own otherwise."""
-    config = AlignOPSDConfig(**cpu_trainer_kwargs(tmp_path / "out", max_turns=6, similarity_threshold=0.5))
-    trainer = AlignOPSDTrainer(
-        model=tiny_model_dir, args=config, train_dataset=Dataset.from_list(task_spec_rows([pick_game])), encoder=encoder
-    )
+def test_corrected_gap_has_one_plain_reference(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """The diagonal and every cross score subtract the same recomputed old log-probs: sampling log-probs that differ
+    from the snapshot's by a constant (another engine's) must not move the corrected gaps."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder)
     try:
-        trajectories, advantages, rows, batch = _one_step_inputs(trainer, pick_game, monkeypatch)
+        step = _one_step(trainer, pick_game, monkeypatch)
+        recorded: list = []
+        real = trainer._corrected_gaps
+
+        def record(*args, **kwargs):
+            out = real(*args, **kwargs)
+            recorded.append(out)
+            return out
+
+        monkeypatch.setattr(trainer, "_corrected_gaps", record)
+        snapshot = step.batch["sampling_per_token_logps"]
+        trainer.turn_advantages(StepView(step.trajectories, step.advantages, step.rows, {**step.batch, "old_per_token_logps": snapshot.clone()}, step.rewards))
+        reference, views, _ = recorded[-1]
+        assert views > 0
+        shifted_rows = copy.deepcopy(step.rows)
+        shifted_rows.logprobs = [[v + 0.75 * m for v, m in zip(values, mask)] for values, mask in zip(step.rows.logprobs, step.rows.env_mask)]
+        shifted = {**step.batch, "sampling_per_token_logps": pad([torch.tensor(v) for v in shifted_rows.logprobs], 0.0, "right")}
+        trainer.turn_advantages(StepView(step.trajectories, step.advantages, shifted_rows, {**shifted, "old_per_token_logps": snapshot.clone()}, step.rewards))
+        recomputed, _, _ = recorded[-1]
     finally:
         trainer.close()
-    rectified: list = []
-    real_evidences = alignopsd_module.turn_evidences
-
-    def recorded(gaps, advantage):
-        rectified.append([g.clone() for g in gaps])
-        return real_evidences(gaps, advantage)
-
-    monkeypatch.setattr(alignopsd_module, "turn_evidences", recorded)
-
-    def rectified_gaps(trajectories, rows, batch) -> list:
-        rectified.clear()
-        trainer.turn_weights(StepView(trajectories, advantages, rows, batch))
-        return list(rectified)
-
-    # The transformers backend sampled, so its log-probs are the snapshot's: what TRL would recompute.
-    snapshot = batch["sampling_per_token_logps"]
-    reference = rectified_gaps(trajectories, rows, {**batch, "old_per_token_logps": snapshot.clone()})
-    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
-    assert reference and metrics["alignopsd/aligned_views"][-1] > 0  # aligned views enter g~ (lambda > 0)
-
-    offset = 0.75
-    shifted_trajectories = copy.deepcopy(trajectories)
-    for trajectory in shifted_trajectories:
-        for turn in trajectory.turns:
-            turn.logprobs = [value + offset for value in turn.logprobs]
-    shifted_rows = copy.deepcopy(rows)
-    shifted_rows.logprobs = [
-        [value + offset * policy for value, policy in zip(values, mask)] for values, mask in zip(rows.logprobs, rows.env_mask)
-    ]
-    shifted = {**batch, "sampling_per_token_logps": pad([torch.tensor(v) for v in shifted_rows.logprobs], 0.0, "right")}
-    recomputed = rectified_gaps(shifted_trajectories, shifted_rows, {**shifted, "old_per_token_logps": snapshot.clone()})
-    assert len(recomputed) == len(reference)
-    for got, want in zip(recomputed, reference):
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-    # vLLM sampled, or the sampler ran under bf16 autocast, and TRL recomputed nothing: the trainer scores the
-    # plain pass itself (this trainer's forward is float32, so the gaps are the reference ones).
-    for setting, value in (("use_vllm", True), ("bf16", True)):
-        owner = trainer if setting == "use_vllm" else trainer.args
-        monkeypatch.setattr(owner, setting, value)
-        rescored = rectified_gaps(shifted_trajectories, shifted_rows, shifted)
-        assert len(rescored) == len(reference)
-        for got, want in zip(rescored, reference):
-            assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got, want))
-        monkeypatch.setattr(owner, setting, not value)
+    assert reference.keys() == recomputed.keys()
+    for i in reference:
+        for a, b in zip(reference[i], recomputed[i]):
+            assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_config_errors(tmp_path):
     base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-    with pytest.raises(ValueError, match="allocation"):
-        AlignOPSDConfig(allocation="sentence", **base)
+    with pytest.raises(ValueError, match="ablation"):
+        AlignOPSDConfig(ablation="F", **base)
+    with pytest.raises(ValueError, match="aggregation_mode"):
+        AlignOPSDConfig(aggregation_mode="mean", **base)
     with pytest.raises(ValueError, match="span_max_turns"):
         AlignOPSDConfig(span_min_turns=3, span_max_turns=4, **base)
+    with pytest.raises(ValueError, match="invalid_action_coef instead"):
+        AlignOPSDConfig(invalid_action_penalty=0.1, **base)
+    with pytest.raises(ValueError, match="alpha_max"):
+        AlignOPSDConfig(alpha_max=1.5, **base)

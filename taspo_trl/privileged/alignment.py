@@ -1,28 +1,46 @@
-"""AlignOPSD's privileged side, one stage each: the privileged information p_x of every task, the decision
-correspondence of a batch's trajectories over their siblings, and the aligned views to rescore (the target's
-response teacher-forced under each matched source's history with p_x). The gap and weight math on what these
-return is in ``taspo_trl.credit.alignopsd``; docs/methods.md numbers its equations.
+"""AlignOPSD's privileged side: the privileged information p_x of every task, the parsed thinking and action of
+student and teacher responses, each task group's correspondence matrices, and the cross-teacher views to score.
+
+The official trainer (``ThinkingCorrespondenceRayTrainer._compute_teacher_log_probs`` in ``mingju-c/Align-OPSD``)
+generates one privileged (teacher) response per turn, embeds the teacher's and the student's ``<think>`` text
+with a frozen encoder, and matches the TEACHER's thinking at a source turn against the STUDENT's thinking at the
+target turn. The stage math on what this module builds is in ``taspo_trl.credit.alignopsd``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
-from ..credit.alignopsd import TurnCorrespondence
+from ..credit.alignopsd import (
+    action_consistent_sources,
+    adjacent_profile_distances,
+    dense_profiles,
+    select_sources,
+    structural_eligibility,
+)
 from ..rollout.chat import ChatFormat
 from ..rollout.records import Trajectory
-from .decisions import GroupStates, embed_group, target_correspondence
 from .rescoring import privileged_prompt_ids
 from .skillbank import SkillBank
 
-Correspondences = dict[int, tuple[list[TurnCorrespondence], list[tuple[int, int]]]]
-"""Per target trajectory (index into the local batch): one correspondence per turn, and the (trajectory, turn)
-key of every candidate column, trajectory indices into the gathered batch."""
+_THINK = re.compile(r"<think\b[^>]*>(.*?)</think\s*>", re.IGNORECASE | re.DOTALL)
+# The official parser's action blocks, tried in this order: ALFWorld/WebShop actions, Search-QA queries, answers.
+_ACTIONS = tuple(
+    re.compile(rf"<{tag}\b[^>]*>(.*?)</{tag}\s*>", re.IGNORECASE | re.DOTALL) for tag in ("action", "search", "answer")
+)
 
-AlignedView = tuple[int, int, int]
-"""(target trajectory, target turn, source column) of one aligned view."""
+
+def parse_response(text: str) -> tuple[str, str]:
+    """(thinking, action) of a response, as the official ``parse_tagged_response`` reads it: the content of the
+    first ``<think>`` block and of the first ``<action>`` (else ``<search>``, else ``<answer>``) block, stripped;
+    "" where there is none. Empty thinking makes a turn structurally ineligible."""
+    think = _THINK.search(text)
+    action = next((m for m in (p.search(text) for p in _ACTIONS) if m), None)
+    return (think.group(1).strip() if think else ""), (action.group(1).strip() if action else "")
 
 
 def skill_contexts(skill_bank: SkillBank, trajectories: Sequence[Trajectory], top_k: int) -> list[str]:
@@ -31,58 +49,112 @@ def skill_contexts(skill_bank: SkillBank, trajectories: Sequence[Trajectory], to
     return [skill_bank.render(s) if s else "" for s in skills]
 
 
-def active_contexts(contexts: Sequence[str], advantages: torch.Tensor) -> list[str]:
-    """The contexts of the trajectories whose credit can move: a zero advantage stays zero under any weights,
-    so those get "" and are neither rescored nor matched."""
-    return [context if float(advantage) != 0.0 else "" for context, advantage in zip(contexts, advantages, strict=True)]
+def teacher_prompts(
+    trajectories: Sequence[Trajectory], wanted: Sequence[int], contexts: Sequence[str], chat: ChatFormat
+) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """The teacher's prompt for every turn of the ``wanted`` trajectories (p_x in front of the turn's context,
+    the official teacher batch), and the (trajectory, turn) each one belongs to."""
+    keys = [(i, t) for i in wanted for t in range(trajectories[i].num_turns)]
+    return [privileged_prompt_ids(trajectories[i], t, contexts[i], chat) for i, t in keys], keys
 
 
-def batch_correspondences(
-    everything: Sequence[Trajectory],
-    first: int,
-    active: Sequence[str],
-    encoder: Any,
-    teacher_states: Mapping[int, torch.Tensor],
-    *,
-    exact_action_match: bool,
-    **align_kwargs: Any,
-) -> Correspondences:
-    """Correspondence of every turn of each active local trajectory over its siblings' turns.
+@dataclass
+class GroupCorrespondence:
+    """One task group's matrices over its M turns, in (member, turn) order (``keys``).
 
-    ``everything`` is the gathered batch, the local trajectories start at ``first`` and ``active`` is theirs. A
-    group's turns are encoded once, however many of its trajectories are targets. ``teacher_states`` replaces a
-    target's own decision states (``target_correspondence``'s ``target_thinking``)."""
-    states_by_group: dict[int, GroupStates] = {}
-    out: Correspondences = {}
-    for i, context in enumerate(active):
-        if not context:
-            continue
-        group = everything[first + i].group
-        if group not in states_by_group:
-            members = [j for j, t in enumerate(everything) if t.group == group]
-            states_by_group[group] = embed_group(everything, members, encoder)
-        out[i] = target_correspondence(
-            everything, first + i, states_by_group[group],
-            exact_action_match=exact_action_match, target_thinking=teacher_states.get(i), **align_kwargs,
-        )
+    Attributes:
+        keys: (trajectory index into the gathered batch, turn) of every row / column.
+        similarity: H[source, target], teacher thinking at the source vs student thinking at the target.
+        eligible: B[source, target] (``structural_eligibility``).
+        selected: each target's kept sources (row indices), after selection and the optional action filter.
+        profiles, profile_valid: the dense profiles P[target, source] and their validity.
+        distances, boundary_valid: the adjacent-profile distance into each turn, and whether it counts.
+    """
+
+    keys: list[tuple[int, int]]
+    similarity: torch.Tensor
+    eligible: torch.Tensor
+    selected: list[tuple[int, ...]]
+    profiles: torch.Tensor
+    profile_valid: torch.Tensor
+    distances: torch.Tensor
+    boundary_valid: torch.Tensor
+
+    def rows_of(self, trajectory: int) -> list[int]:
+        """The rows of one member trajectory, in turn order."""
+        return [n for n, (i, _) in enumerate(self.keys) if i == trajectory]
+
+
+def _cosines(encoder: Any, sources: Sequence[str], targets: Sequence[str]) -> torch.Tensor:
+    """Cosine [source, target] of two lists of texts, 0 wherever either text is empty: an empty text is never
+    embedded (it is structurally ineligible, so its entries are never read). Whitespace is collapsed first, as the
+    official encoder's ``preprocess`` does."""
+    sources, targets = [" ".join(x.split()) for x in sources], [" ".join(x.split()) for x in targets]
+    out = torch.zeros(len(sources), len(targets), dtype=torch.float64)
+    rows, cols = [k for k, x in enumerate(sources) if x], [k for k, x in enumerate(targets) if x]
+    if rows and cols:
+        encoded = encoder.encode([sources[k] for k in rows] + [targets[k] for k in cols]).double()
+        encoded = torch.nn.functional.normalize(encoded, dim=-1)
+        out[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = (encoded[: len(rows)] @ encoded[len(rows) :].T).clamp(-1.0, 1.0)
     return out
 
 
-def aligned_view_requests(
-    correspondences: Correspondences,
-    targets: Sequence[Trajectory],
+def group_correspondence(
+    everything: Sequence[Trajectory],
+    members: Sequence[int],
+    teacher: dict[tuple[int, int], tuple[str, str]],
+    encoder: Any,
+    *,
+    threshold: float,
+    top_k: int,
+    action_filter: bool,
+    action_threshold: float,
+    profile_temperature: float,
+    profile_distance: str,
+) -> GroupCorrespondence:
+    """Mechanism 1's selection and mechanism 2's profiles for one task group.
+
+    ``teacher`` maps (trajectory, turn) to the teacher's (thinking, action) there. The student's thinking and
+    action are parsed from the sampled responses. With ``action_filter`` the teacher's action at the source and
+    the student's action at the target are embedded and compared (WebShop also needs the same operation and the
+    identical click target, as the official filter does when the environment is WebShop).
+    """
+    keys = [(i, t) for i in members for t in range(everything[i].num_turns)]
+    student = [parse_response(everything[i].turns[t].response_text) for i, t in keys]
+    teacher_parsed = [teacher.get(key, ("", "")) for key in keys]
+    rollouts = [i for i, _ in keys]
+    b = structural_eligibility(rollouts, [bool(th) for th, _ in teacher_parsed], [bool(th) for th, _ in student])
+    h = _cosines(encoder, [th for th, _ in teacher_parsed], [th for th, _ in student])
+    selected = select_sources(h, b, rollouts, threshold=threshold, top_k=top_k)
+    if action_filter and any(selected):
+        teacher_actions = [a for _, a in teacher_parsed]
+        student_actions = [a for _, a in student]
+        actions = _cosines(encoder, teacher_actions, student_actions)
+        webshop = bool(keys) and everything[keys[0][0]].env_name.lower() == "webshop"
+        selected = action_consistent_sources(
+            selected, actions, teacher_actions, student_actions, action_threshold, webshop=webshop
+        )
+    profiles, valid = dense_profiles(h, b, threshold=threshold, temperature=profile_temperature)
+    trajectory_rows = [[n for n, (i, _) in enumerate(keys) if i == member] for member in members]
+    distances, boundary_valid = adjacent_profile_distances(profiles, valid, b, trajectory_rows, profile_distance)
+    return GroupCorrespondence(keys, h, b, selected, profiles, valid, distances, boundary_valid)
+
+
+def cross_view_requests(
+    correspondence: GroupCorrespondence,
+    target: int,
     everything: Sequence[Trajectory],
     contexts: Sequence[str],
     chat: ChatFormat,
-) -> tuple[list[tuple[list[int], list[int]]], list[AlignedView]]:
-    """One (prompt ids, response ids) pair per kept source of every target turn: the target's response under
-    the source's history with the source's p_x (``contexts`` runs over ``everything``), and whose view it is."""
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[int, int]]]:
+    """The cross-teacher views of one target trajectory (official ``compose_cross_teacher_inputs``): for every
+    selected source of each of its turns, the source's teacher prompt (p_x and the source's context) followed by
+    the TARGET's sampled response; and the (target turn, source row) of each view."""
     requests, owners = [], []
-    for i, (per_turn, columns) in correspondences.items():
-        for t, match in enumerate(per_turn):
-            for source in match.sources:
-                j, u = columns[source]
-                prompt = privileged_prompt_ids(everything[j], u, contexts[j], chat)
-                requests.append((prompt, targets[i].turns[t].response_ids))
-                owners.append((i, t, source))
+    for row in correspondence.rows_of(target):
+        _, t = correspondence.keys[row]
+        for source in correspondence.selected[row]:
+            j, u = correspondence.keys[source]
+            requests.append((privileged_prompt_ids(everything[j], u, contexts[j], chat), everything[target].turns[t].response_ids))
+            owners.append((t, source))
     return requests, owners

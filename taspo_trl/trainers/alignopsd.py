@@ -1,54 +1,65 @@
-"""AlignOPSD: decision-aligned supervision rectification and semi-Markov hierarchical credit.
+"""AlignOPSD: decision-aligned supervision rectification (mechanism 1) and semi-Markov credit (mechanism 2), as
+the authors' trainer runs them (``BeyondTimestampsRayTrainer`` of ``mingju-c/Align-OPSD``). Only the credit hook
+differs from the GRPO baseline. One step:
 
-The paper (`Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Horizon Agents`) lost its
-formulas in extraction; this follows the reconstruction of ``credit/alignopsd.py`` (summarised, with the
-reasons, in docs/methods.md), and every choice the prose leaves open is a config field. Only the credit hook
-differs from the GRPO baseline:
-
-1. privileged information p_x: the top-k SkillBank skills retrieved for the task (shared by the K siblings);
-2. local gap g0 = log pi(y | p, h_it) - log pi(y | h_it) on every response token (privileged pass, no grad);
-3. decision correspondence: each turn's ``<think>`` embedding against the turns of the sibling rollouts
-   (threshold, one source per sibling, top-k, action consistency);
-4. rectified gap: the same response teacher-forced under each aligned source history with p_x,
-   g~ = (1 - lambda) g0 + lambda sum_j W_j g_j (identity when no source);
-5. spans where the correspondence shifts (batch-adaptive threshold), evidence e_t = sign(A) mean(g~), and the
-   two-level KL-regularised allocation with bounded normalisation: A~_it = A_i w_t, token-weighted mean kept.
-No auxiliary distillation loss is added; the loss is TRL's token-mean ``dapo`` loss (the paper's objective).
+1. outcome advantages A_i (GRPO over trajectories, or over turn rows: ``grpo_normalization_scope``);
+2. p_x: the top-k SkillBank skills of each task (the teacher's privileged context);
+3. one teacher response per turn, generated under p_x through the rollout backend (vLLM when ``use_vllm``), in the
+   task groups whose credit can move;
+4. per group: H = teacher thinking at the source x student thinking at the target, structural eligibility,
+   selection (threshold, one source per sibling, top-k), the optional action filter, the dense profiles and the
+   adjacent-profile distances;
+5. per target turn: the diagonal score (its response under its own p_x), the cross scores (its response under
+   each selected source's teacher prompt), omega, rho, alpha and the corrected gap against the recomputed old
+   log-probs;
+6. spans (batch quantile threshold, strongest-first boundaries, max-length repair), outcome-aligned turn scores,
+   two-level budgets, the box projection and mixing: A_it = A_i w_it;
+7. plus the turn-normalised invalid-action residual.
+The loss is TRL's token-mean ``dapo`` loss.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import textwrap
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from accelerate.utils import gather_object
 
 from ..credit.alignopsd import (
-    ALLOCATION_MODES,
-    adaptive_threshold,
-    alignopsd_token_weights,
-    alignopsd_weights,
-    allocation_spans,
-    correspondence_shifts,
-    rectified_turn_gaps,
-    token_gap,
-    turn_evidences,
+    ABLATIONS,
+    AGGREGATION_MODES,
+    NORMALIZATION_SCOPES,
+    PROFILE_DISTANCES,
+    corrected_token_gap,
+    correction_strength,
+    correspondence_confidence,
+    cross_teacher_logprobs,
+    flat_token_weights,
+    flat_turn_weights,
+    group_outcome_advantage,
+    hierarchical_turn_weights,
+    invalid_action_residual,
+    segment_trajectory,
+    segmentation_threshold,
+    source_weights,
+    turn_gap,
 )
+from ..credit.grpo import grpo_outcome_advantages
 from ..privileged.alignment import (
-    Correspondences,
-    active_contexts,
-    aligned_view_requests,
-    batch_correspondences,
+    GroupCorrespondence,
+    cross_view_requests,
+    group_correspondence,
+    parse_response,
     skill_contexts,
+    teacher_prompts,
 )
-from ..privileged.decisions import think_text
 from ..privileged.encoder import get_encoder
-from ..privileged.rescoring import privileged_prompt_ids, score_continuations
+from ..privileged.rescoring import score_continuations
 from ..privileged.skillbank import SkillBank
 from ..rollout.generation import generator_for_trainer
 from ..rollout.records import Trajectory
@@ -61,55 +72,112 @@ logger = logging.getLogger(__name__)
 @dataclass
 class AlignOPSDConfig(AgentGRPOConfig):
     r"""Configuration of [`AlignOPSDTrainer`]: every field of [`AgentGRPOConfig`] (and `trl.GRPOConfig`), plus
-    AlignOPSD's. Symbols follow the reconstructed spec; values the paper left illegible are marked.
+    AlignOPSD's. Names follow the official configuration (`algorithm.thinking_correspondence.*` for mechanism 1,
+    `algorithm.mechanism2.*` for mechanism 2). Where the six official launchers disagree, the default is the value
+    most of them set; the recipes `paper/<benchmark>/alignopsd_official_<size>` carry each launcher's values.
 
     Parameters:
-        skill_bank / skill_top_k (`AgentGRPOConfig`'s, defaults `"alfworld"` / `2`): the SkillBank of p_x (a
-            shipped name or a JSONL path) and the skills retrieved per task (illegible in the paper).
-        encoder_path (`str` or `None`): sentence encoder folder; `None` = the packaged all-MiniLM-L6-v2.
-        similarity_threshold (`float`, defaults to `0.7`): decision-state cosine below which a source is
-            dropped (illegible in the paper).
-        source_top_k (`int`, defaults to `2`): $k$, aligned sources kept per target turn.
-        action_threshold (`float`, defaults to `0.8`): action-embedding cosine of the consistency filter.
-        exact_action_match (`bool`, defaults to `False`): also require the same operation and the identical click
-            target (the paper's WebShop rule).
-        rectification (`bool`, defaults to `True`): `False` is Table 2's "no rectification" ablation (g~ = g0).
-        allocation (`str`, defaults to `"adaptive"`): `"adaptive"` (correspondence spans), `"turn"`, `"token"` or
-            `"random"` spans (Table 2 ablations).
-        credit_temperature (`float`, defaults to `1.0`): allocation temperature (illegible in the paper).
-        weight_bound (`float`, defaults to `0.5`): $\epsilon$ of the bounded normalisation, $w \in [1-\epsilon, 1+\epsilon]$.
-        span_min_turns / span_max_turns (`int`, defaults to `1` / `8`): span duration limits.
-        span_threshold_std (`float`, defaults to `1.0`): boundary where $D_t >$ batch mean $+$ this $\times$ std.
-        turn_balanced_loss: defaults to `False` here: the paper optimises the token-mean loss, and the weights
-            preserve the token-weighted mean advantage.
-        teacher_thinking (`bool`, defaults to `False`): teacher-side decision states: the snapshot generates a
-            response to each target turn under the privileged view (p_x + h_it) and its `<think>` text, not the
-            student's, is matched against the siblings' turns. One extra generation per target turn.
+        skill_bank / skill_top_k (`AgentGRPOConfig`'s, defaults `"alfworld"` / `2`): the SkillBank of p_x.
+        encoder_path (`str` or `None`): sentence encoder folder; `None` = the packaged all-MiniLM-L6-v2 (the
+            official encoder is Qwen3-Embedding-0.6B).
+        similarity_threshold (`float`, defaults to `0.8`): $\tau$, the thinking cosine a source must reach, and
+            the best eligible source of a valid profile (launchers: 0.65 to 0.8).
+        source_top_k (`int`, defaults to `3`): $k$, sources kept per target turn (one per sibling rollout).
+        aggregation_temperature (`float`, defaults to `0.1`): temperature of $\omega = \mathrm{softmax}(s / T)$.
+        aggregation_mode (`str`, defaults to `"probability_mixture"`): $\log \sum_k \omega_k p_k$, or
+            `"log_mean"` $\sum_k \omega_k \log p_k$ (the Search-3B profile).
+        alpha_max (`float`, defaults to `0.8`): $\alpha_{\max}$, the cap of the correction strength
+            $\alpha = \min(\alpha_{\max} \rho, \alpha_{\max})$.
+        action_filter (`bool`, defaults to `False`): the action-consistency filter (launchers: ALFWorld-3B and
+            WebShop-3B; the paper applies it on every benchmark).
+        action_threshold (`float`, defaults to `0.8`): action-embedding cosine of the filter.
+        teacher_max_new_tokens (`int` or `None`, defaults to `None`): the teacher response budget
+            (`teacher_max_response_length`); `None` = `max_completion_length`, as in the official code (five of the
+            six launchers set 2048).
+        profile_temperature (`float`, defaults to `0.1`): temperature of the dense profiles $P$.
+        profile_distance (`str`, defaults to `"jsd"`): adjacent-profile distance, normalised Jensen-Shannon or
+            `"cosine"`.
+        segmentation_quantile (`float`, defaults to `0.8`): the batch quantile of the valid distances...
+        segmentation_threshold_min / segmentation_threshold_max (`float`, defaults to `0.01` / `0.10`): ...clipped
+            to this range; the minimum is also the least distance of a guided max-length split.
+        span_min_turns / span_max_turns (`int`, defaults to `2` / `8`): span length limits
+            (`min_segment_turns` / `max_segment_turns`).
+        credit_temperature (`float`, defaults to `0.5`): temperature of the two-level budgets.
+        mixing_coefficient (`float`, defaults to `0.5`): $w = (1 - m) + m x$ of the projected density $x$.
+        density_upper_bound (`float`, defaults to `4.0`): the box $[0, h_{\max}]$ of the projection (`legacy`).
+        weighting_mode (`str`, defaults to `"legacy"`): `"legacy"` box $[0, h_{\max}]$, or `"bounded"`
+            $[1 - b, 1 + b]$.
+        multiplier_band (`float`, defaults to `0.2`): $b$ of the bounded mode.
+        grpo_normalization_scope (`str`, defaults to `"turn"`): GRPO statistics over turn rows (each reward once
+            per turn) or over `"trajectory"`s.
+        advantage_epsilon (`float`, defaults to `1e-6` here): the official GRPO epsilon.
+        invalid_action_coef (`float`, defaults to `0.1`): coefficient of the invalid-action residual (0.01 on
+            Search); 0 turns it off. Use it instead of `invalid_action_penalty`, which would enter the outcome.
+        ablation (`str`, defaults to `"E"`): the official ablations: `"A"` no rectification ($\alpha_{\max} = 0$),
+            `"B"` token allocation, `"C"` turn allocation without spans, `"D"` random spans, `"E"` the method.
+        turn_balanced_loss: defaults to `False` here: the official loss is the token mean.
     """
 
     encoder_path: str | None = field(default=None, metadata={"help": "Sentence encoder folder."})
-    similarity_threshold: float = field(default=0.7, metadata={"help": "Decision-state cosine threshold."})
-    source_top_k: int = field(default=2, metadata={"help": "k: aligned sources per target turn."})
-    action_threshold: float = field(default=0.8, metadata={"help": "Action-consistency cosine threshold."})
-    exact_action_match: bool = field(default=False, metadata={"help": "WebShop: same operation and click target."})
-    rectification: bool = field(default=True, metadata={"help": "Multi-view rectification (False: ablation)."})
-    allocation: str = field(default="adaptive", metadata={"help": "adaptive | turn | token | random."})
-    credit_temperature: float = field(default=1.0, metadata={"help": "Allocation temperature."})
-    weight_bound: float = field(default=0.5, metadata={"help": "epsilon of the bounded normalisation."})
-    span_min_turns: int = field(default=1, metadata={"help": "Shortest span (turns)."})
+    similarity_threshold: float = field(default=0.8, metadata={"help": "tau: thinking cosine of a source."})
+    source_top_k: int = field(default=3, metadata={"help": "k: sources per target turn."})
+    aggregation_temperature: float = field(default=0.1, metadata={"help": "Temperature of omega."})
+    aggregation_mode: str = field(default="probability_mixture", metadata={"help": "probability_mixture | log_mean."})
+    alpha_max: float = field(default=0.8, metadata={"help": "alpha_max: cap of the correction strength."})
+    action_filter: bool = field(default=False, metadata={"help": "Action-consistency filter."})
+    action_threshold: float = field(default=0.8, metadata={"help": "Action cosine of the filter."})
+    teacher_max_new_tokens: int | None = field(default=None, metadata={"help": "Teacher response budget."})
+    profile_temperature: float = field(default=0.1, metadata={"help": "Temperature of the dense profiles."})
+    profile_distance: str = field(default="jsd", metadata={"help": "jsd | cosine."})
+    segmentation_quantile: float = field(default=0.8, metadata={"help": "Quantile of the span threshold."})
+    segmentation_threshold_min: float = field(default=0.01, metadata={"help": "Lower clip of the span threshold."})
+    segmentation_threshold_max: float = field(default=0.10, metadata={"help": "Upper clip of the span threshold."})
+    span_min_turns: int = field(default=2, metadata={"help": "Shortest span (turns)."})
     span_max_turns: int = field(default=8, metadata={"help": "Longest span (turns)."})
-    span_threshold_std: float = field(default=1.0, metadata={"help": "Span boundary: mean + this x std of D."})
+    credit_temperature: float = field(default=0.5, metadata={"help": "Temperature of the budgets."})
+    mixing_coefficient: float = field(default=0.5, metadata={"help": "w = (1 - m) + m * projected density."})
+    density_upper_bound: float = field(default=4.0, metadata={"help": "Upper bound of the projection box."})
+    weighting_mode: str = field(default="legacy", metadata={"help": "legacy | bounded."})
+    multiplier_band: float = field(default=0.2, metadata={"help": "Band of the bounded weighting."})
+    grpo_normalization_scope: str = field(default="turn", metadata={"help": "turn | trajectory."})
+    advantage_epsilon: float = field(default=1e-6, metadata={"help": "epsilon of the GRPO advantage."})
+    invalid_action_coef: float = field(default=0.1, metadata={"help": "Invalid-action residual coefficient."})
+    ablation: str = field(default="E", metadata={"help": "A | B | C | D | E (E: the method)."})
     turn_balanced_loss: bool = field(default=False, metadata={"help": "Eq. 7 balancing (off: token-mean loss)."})
-    teacher_thinking: bool = field(default=False, metadata={"help": "Match teacher-side thinking (extra generation)."})
 
     def __post_init__(self):
         super().__post_init__()
-        if self.allocation not in ALLOCATION_MODES:
-            raise ValueError(f"allocation must be one of {ALLOCATION_MODES}, got {self.allocation!r}.")
-        if not 0 < self.weight_bound < 1:
-            raise ValueError(f"weight_bound must be in (0, 1), got {self.weight_bound}.")
-        if self.span_max_turns < 2 * self.span_min_turns - 1:
+        choices = {
+            "aggregation_mode": AGGREGATION_MODES, "profile_distance": PROFILE_DISTANCES,
+            "grpo_normalization_scope": NORMALIZATION_SCOPES, "ablation": ABLATIONS,
+            "weighting_mode": ("legacy", "bounded"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+        if not -1.0 <= self.similarity_threshold < 1.0:
+            raise ValueError(f"similarity_threshold must be in [-1, 1), got {self.similarity_threshold}.")
+        if not 0.0 <= self.alpha_max <= 1.0:
+            raise ValueError(f"alpha_max must be in [0, 1], got {self.alpha_max}.")
+        if not 0.0 <= self.mixing_coefficient <= 1.0:
+            raise ValueError(f"mixing_coefficient must be in [0, 1], got {self.mixing_coefficient}.")
+        if self.density_upper_bound < 1.0:
+            raise ValueError(f"density_upper_bound must be >= 1, got {self.density_upper_bound}.")
+        if self.span_min_turns < 1 or self.span_max_turns < 2 * self.span_min_turns - 1:
             raise ValueError("span_max_turns must be at least 2 * span_min_turns - 1 so every trajectory can be split.")
+        if not 0.0 <= self.segmentation_threshold_min <= self.segmentation_threshold_max <= 1.0:
+            raise ValueError("need 0 <= segmentation_threshold_min <= segmentation_threshold_max <= 1.")
+        if self.source_top_k < 1:
+            raise ValueError(f"source_top_k must be >= 1, got {self.source_top_k}.")
+        if self.teacher_max_new_tokens is not None and self.teacher_max_new_tokens < 1:
+            raise ValueError(f"teacher_max_new_tokens must be None or >= 1, got {self.teacher_max_new_tokens}.")
+        if self.invalid_action_coef < 0:
+            raise ValueError(f"invalid_action_coef must be >= 0, got {self.invalid_action_coef}.")
+        if self.invalid_action_penalty:
+            raise ValueError(
+                "AlignOPSD keeps the episode outcome untouched and adds invalid actions as a separate residual: "
+                "set invalid_action_coef instead of invalid_action_penalty."
+            )
 
 
 class AlignOPSDTrainer(AgentGRPOTrainer):
@@ -134,163 +202,299 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         self.encoder = encoder or get_encoder(self.args.encoder_path)
         self.skill_bank = skill_bank or SkillBank.load(self.args.skill_bank, encoder=self.encoder)
 
-    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
-        """Each turn's AlignOPSD weight (per token in the token ablation): the module docstring's steps 1-5, the
-        equations (A1)-(A8) of docs/methods.md. ``last_step`` keeps the weights, spans and skills."""
+    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
+        """A_i w_it (+ the invalid-action residual) of every turn, per token in ablation B: the module
+        docstring's steps 1-7. ``last_step`` keeps the weights, spans and skills."""
         args = self.args
-        trajectories, advantages, rows = step.trajectories, step.advantages, step.rows
+        trajectories, rows = step.trajectories, step.rows
         local = len(trajectories)
-        everything = gather_object(trajectories) if self.accelerator.num_processes > 1 else list(trajectories)
+        multi = self.accelerator.num_processes > 1
+        everything = gather_object(trajectories) if multi else list(trajectories)
         first = self.accelerator.process_index * local
+        groups: dict[int, list[int]] = {}
+        for j, trajectory in enumerate(everything):
+            groups.setdefault(trajectory.group, []).append(j)
+        outcome = self._outcome_advantages(everything, groups, step)
 
-        # p_x of every task; only trajectories whose credit can move (A_i != 0) are rescored and matched.
+        contexts = skill_contexts(self.skill_bank, everything, args.skill_top_k)
+        # Only groups whose credit can move need the teacher: a zero advantage stays zero under any weights.
+        moving = {g for g, members in groups.items() if any(outcome[j] != 0 and contexts[j] for j in members)}
+        targets = [i for i in range(local) if outcome[first + i] != 0 and contexts[first + i]]
         started = time.perf_counter()
-        skill_texts = skill_contexts(self.skill_bank, everything, args.skill_top_k)
-        active = active_contexts(skill_texts[first : first + local], advantages)
-        # One plain reference log pi(y | h_it) for the local gap g0 and every aligned gap g_j (A3): g~ mixes them, so
-        # a reference that differed between the two would move the matched turns only.
-        # Only active trajectories are rescored or matched, so only their rows need the plain side.
-        local_gaps, plain = self._privileged_shifts(step, active, action_only=False)
-        rescoring_seconds = time.perf_counter() - started
+        teacher = self._teacher_responses(everything, first, local, contexts, moving)
+        teacher_seconds = time.perf_counter() - started
 
-        # Decision correspondence over the siblings' turns (A1, A2), from the target's own thinking or, with
-        # teacher_thinking, the thinking generated under p_x.
-        teacher_states = self._teacher_thinking_states(trajectories, active) if args.teacher_thinking else {}
         started = time.perf_counter()
-        correspondences = batch_correspondences(
-            everything, first, active, self.encoder, teacher_states, exact_action_match=args.exact_action_match,
-            threshold=args.similarity_threshold, top_k=args.source_top_k, action_threshold=args.action_threshold,
+        correspondences = {
+            g: group_correspondence(
+                everything, members, teacher, self.encoder, threshold=args.similarity_threshold,
+                top_k=args.source_top_k, action_filter=args.action_filter, action_threshold=args.action_threshold,
+                profile_temperature=args.profile_temperature, profile_distance=args.profile_distance,
+            )
+            for g, members in groups.items()
+            if g in moving
+        }
+        # The span threshold pools every valid distance of the step; every process sees the whole batch.
+        computed = list(correspondences.values())
+        threshold = segmentation_threshold(
+            torch.cat([c.distances for c in computed]) if computed else torch.zeros(0, dtype=torch.float64),
+            torch.cat([c.boundary_valid for c in computed]) if computed else torch.zeros(0, dtype=torch.bool),
+            args.segmentation_quantile, args.segmentation_threshold_min, args.segmentation_threshold_max,
         )
         encoder_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        aligned_gaps, aligned_views = self._aligned_gaps(
-            correspondences, trajectories, everything, skill_texts, rows.collect(plain)
+        wanted = set(targets)
+        target_contexts = [contexts[first + i] if i in wanted else "" for i in range(local)]
+        diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
+        plain_turns = rows.collect(plain)
+        corrected, cross_views, alphas = self._corrected_gaps(
+            targets, first, everything, contexts, correspondences, diagonal_gaps, plain_turns
         )
-        rescoring_seconds += time.perf_counter() - started
+        rescoring_seconds = time.perf_counter() - started
 
-        # Rectified gaps (A4), correspondence shifts (A5), then each trajectory's spans and weights (A5-A8).
-        rectified = {
-            i: rectified_turn_gaps(
-                per_turn, [local_gaps.get((i, t)) for t in range(len(per_turn))],
-                aligned_gaps.get(i, {}) if args.rectification else None,
-            )
-            for i, (per_turn, _) in correspondences.items()
-        }
-        shifts = {
-            i: correspondence_shifts([m.distribution for m in per_turn]) if per_turn else torch.zeros(0)
-            for i, (per_turn, _) in correspondences.items()
-        }
-        threshold = self._batch_shift_threshold(shifts)
-        rng = random.Random(args.seed + self.state.global_step)
-        allocations = [
-            self._allocate(trajectory, rectified.get(i), float(advantages[i]), shifts.get(i), threshold, rng)
-            for i, trajectory in enumerate(trajectories)
-        ]
-        weights = [w for w, _ in allocations]
-        spans = [s for _, s in allocations]
+        weights, spans = [], []
+        for i, trajectory in enumerate(trajectories):
+            if i in corrected:
+                c = correspondences[trajectory.group]
+                w, s = self._allocate(trajectory, corrected[i], float(outcome[first + i]), c, first + i, threshold)
+            else:
+                w, s = [1.0] * trajectory.num_turns, ([(0, trajectory.num_turns)] if trajectory.num_turns else [])
+            weights.append(w)
+            spans.append(s)
+        residuals = self._invalid_residuals(everything, step.rewards.detach().double().cpu(), groups, first, local)
 
         self.last_step.weights, self.last_step.spans = weights, spans
-        self.last_step.skill_texts = skill_texts[first : first + local]
-        self._log_alignment(correspondences, spans, encoder_seconds, rescoring_seconds, aligned_views)
-        return weights
+        self.last_step.skill_texts = contexts[first : first + local]
+        self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
+        return [
+            [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
+            for i in range(local)
+        ]
 
-    def _aligned_gaps(
+    def _outcome_advantages(self, everything: list[Trajectory], groups: dict[int, list[int]], step: StepView) -> list[float]:
+        """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (``groups``: the
+        members of each task group). The trajectory scope is the base trainer's own computation (the same
+        statistics: bit for bit what GRPO gives); the turn scope repeats each reward once per turn of its
+        trajectory in the statistics. Unscorable (NaN) rewards get 0 and stay out of the statistics."""
+        args = self.args
+        rewards = step.rewards.detach().double().cpu()
+        scale = self.scale_rewards != "none"
+        if args.grpo_normalization_scope == "trajectory":
+            group_size = len(everything) // max(len(groups), 1)
+            return grpo_outcome_advantages(step.rewards.detach().cpu(), group_size, delta=args.advantage_epsilon, scale=scale).tolist()
+        out = [0.0] * len(everything)
+        for members in groups.values():
+            scorable = [j for j in members if not bool(torch.isnan(rewards[j]))]
+            if len(scorable) < 2:
+                continue
+            values = group_outcome_advantage(
+                rewards[scorable], [everything[j].num_turns for j in scorable],
+                scope="turn", epsilon=args.advantage_epsilon, scale=scale,
+            )
+            for j, value in zip(scorable, values.tolist()):
+                out[j] = value
+        return out
+
+    @property
+    def _teacher_tokens(self) -> int:
+        budget = self.args.teacher_max_new_tokens
+        return self.args.max_completion_length if budget is None else budget
+
+    @contextmanager
+    def _teacher_budget(self) -> Iterator[None]:
+        """The teacher's response budget on the vLLM path, which reads it from TRL's generation object per call."""
+        engine = getattr(self, "vllm_generation", None) if self.use_vllm else None
+        if engine is None:
+            yield
+            return
+        saved = engine.max_completion_length
+        engine.max_completion_length = self._teacher_tokens
+        try:
+            yield
+        finally:
+            engine.max_completion_length = saved
+
+    def _teacher_responses(
+        self, everything: list[Trajectory], first: int, local: int, contexts: list[str], moving: set[int]
+    ) -> dict[tuple[int, int], tuple[str, str]]:
+        """(thinking, action) of one teacher response per turn of every trajectory in a ``moving`` group (official
+        ``_generate_teacher_responses``): generated under p_x by the rollout backend with the rollout's sampling
+        settings and the teacher budget, each process its own trajectories, then shared. Nothing runs, on any
+        process, when no group can move (every process sees the same batch)."""
+        if not moving:
+            return {}
+        wanted = [first + i for i in range(local) if everything[first + i].group in moving]
+        prompts, keys = teacher_prompts(everything, wanted, contexts, self.chat)
+        generator = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)
+        if hasattr(generator, "max_new_tokens"):
+            generator.max_new_tokens = self._teacher_tokens
+        with self._teacher_budget():
+            generations = generator(prompts)  # every process calls once: the vLLM server call is collective
+        parsed = [parse_response(self._tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
+        mine = list(zip(keys, parsed))
+        shared = gather_object(mine) if self.accelerator.num_processes > 1 else mine
+        return {tuple(key): tuple(value) for key, value in shared}
+
+    def _corrected_gaps(
         self,
-        correspondences: Correspondences,
-        trajectories: list[Trajectory],
+        targets: list[int],
+        first: int,
         everything: list[Trajectory],
         contexts: list[str],
+        correspondences: dict[int, GroupCorrespondence],
+        diagonal_gaps: dict[tuple[int, int], torch.Tensor],
         plain_turns: dict[tuple[int, int], torch.Tensor],
-    ) -> tuple[dict[int, dict[tuple[int, int], torch.Tensor]], int]:
-        """(A3) g_j of every aligned view, keyed by target trajectory, then (turn, source column), and the number of
-        views. Every process scores, even nothing: the pass may be collective."""
-        requests, owners = (
-            aligned_view_requests(correspondences, trajectories, everything, contexts, self.chat)
-            if self.args.rectification
-            else ([], [])
-        )
+    ) -> tuple[dict[int, list[torch.Tensor | None]], int, list[float]]:
+        """Official ``combine_cross_teacher_scores`` for every turn of the local targets: the corrected gap per
+        response token (None for a turn that was not scored), the number of cross views scored, and alpha of every
+        matched turn. Every process
+        scores, even nothing: the pass may be collective."""
+        args = self.args
+        alpha_max = 0.0 if args.ablation == "A" else args.alpha_max
+        requests, owners = [], []
+        for i in targets if alpha_max > 0 else []:
+            views, view_owners = cross_view_requests(correspondences[everything[first + i].group], first + i, everything, contexts, self.chat)
+            requests += views
+            owners += [(i, t, source) for t, source in view_owners]
         with self._scoring_passes():
             scored = score_continuations(
-                requests,
-                self._snapshot_logprobs,
-                self._tokenizer.pad_token_id,
-                min_rows=self._max_over_processes(len(requests)),
-                batch_size=self.rescore_batch_size,
+                requests, self._snapshot_logprobs, self._tokenizer.pad_token_id,
+                min_rows=self._max_over_processes(len(requests)), batch_size=self.rescore_batch_size,
             )
-        gaps: dict[int, dict[tuple[int, int], torch.Tensor]] = {}
-        for (i, t, source), logps in zip(owners, scored):
-            gaps.setdefault(i, {})[(t, source)] = token_gap(logps, plain_turns.get((i, t), []))
-        return gaps, len(requests)
-
-    def _batch_shift_threshold(self, shifts: dict[int, torch.Tensor]) -> float:
-        """(A5) The span boundary threshold over every correspondence shift of the whole batch (all processes)."""
-        local = [s.tolist() for s in shifts.values()]
-        everyone = gather_object(local) if self.accelerator.num_processes > 1 else local
-        return adaptive_threshold([torch.tensor(s, dtype=torch.float64) for s in everyone], self.args.span_threshold_std)
+        cross: dict[tuple[int, int, int], torch.Tensor] = {key: logps.double() for key, logps in zip(owners, scored)}
+        alphas: list[float] = []
+        out: dict[int, list[torch.Tensor | None]] = {}
+        for i in targets:
+            c = correspondences[everything[first + i].group]
+            gaps: list[torch.Tensor | None] = []
+            for row in c.rows_of(first + i):
+                t = c.keys[row][1]
+                local_gap, student = diagonal_gaps.get((i, t)), plain_turns.get((i, t))
+                if local_gap is None or student is None:
+                    gaps.append(None)
+                    continue
+                student = student[: local_gap.numel()].double()
+                diagonal = local_gap.double() + student
+                sources = c.selected[row] if alpha_max > 0 else ()
+                if not sources:
+                    gaps.append(corrected_token_gap(diagonal, student))
+                    continue
+                similarities = c.similarity[list(sources), row]
+                omega = source_weights(similarities, args.aggregation_temperature)
+                alpha = correction_strength(correspondence_confidence(similarities, omega, args.similarity_threshold), alpha_max)
+                # The cross views score the turn's whole response; the diagonal side covers its policy tokens.
+                views = torch.stack([cross[(i, t, s)][: diagonal.numel()] for s in sources])
+                mixed = cross_teacher_logprobs(views, omega, args.aggregation_mode)
+                gaps.append(corrected_token_gap(diagonal, student, mixed, alpha))
+                alphas.append(alpha)
+            out[i] = gaps
+        return out, len(requests), alphas
 
     def _allocate(
         self,
         trajectory: Trajectory,
-        gaps: list[torch.Tensor | None] | None,
+        gaps: list[torch.Tensor | None],
         advantage: float,
-        shifts: torch.Tensor | None,
+        correspondence: GroupCorrespondence,
+        index: int,
         threshold: float,
-        rng: random.Random,
     ) -> tuple[list[float | list[float]], list[tuple[int, int]]]:
-        """(A5)-(A8) for one trajectory: its weights (per turn, or per token in the token ablation) and credit spans.
-        A trajectory that was not matched (``gaps`` None) keeps GRPO's uniform credit."""
+        """Mechanism 2 for one trajectory: its weights (per turn; per token in ablation B) and spans. Turns without
+        a scored policy token keep weight 1 and stay out of the budgets (the official code has none)."""
         args = self.args
         n_turns = trajectory.num_turns
-        if gaps is None or n_turns == 0:
-            return [1.0] * n_turns, ([(0, n_turns)] if n_turns else [])
-        if args.allocation == "token":
-            token_w = alignopsd_token_weights(gaps, advantage, args.credit_temperature, args.weight_bound)
-            return [w.tolist() if w.numel() else 1.0 for w in token_w], [(t, t + 1) for t in range(n_turns)]
-        spans = allocation_spans(
-            args.allocation, n_turns, shifts=shifts, threshold=threshold, rng=rng,
-            min_len=args.span_min_turns, max_len=args.span_max_turns,
-        )
-        evidence = turn_evidences(gaps, advantage)
-        counts = [len(turn.response_ids) for turn in trajectory.turns]
-        return alignopsd_weights(evidence, counts, spans, args.credit_temperature, args.weight_bound).tolist(), spans
+        sign = 1.0 if advantage > 0 else -1.0
+        live = [t for t in range(n_turns) if gaps[t] is not None and gaps[t].numel() > 0 and bool(torch.isfinite(gaps[t]).all())]
+        weights: list[float | list[float]] = [1.0] * n_turns
+        box = dict(upper=args.density_upper_bound, weighting=args.weighting_mode, band=args.multiplier_band)
+        if args.ablation == "B":
+            flat = torch.cat([sign * gaps[t] for t in live]) if live else torch.zeros(0, dtype=torch.float64)
+            token_w = flat_token_weights(flat, args.credit_temperature, **box)
+            sizes = [gaps[t].numel() for t in live]
+            for t, part in zip(live, torch.split(token_w, sizes)):
+                weights[t] = part.tolist()
+            return weights, [(t, t + 1) for t in range(n_turns)]
+        scores = [sign * turn_gap(gaps[t]) for t in live]
+        counts = [gaps[t].numel() for t in live]
+        rows = correspondence.rows_of(index)
+        if args.ablation == "C":
+            spans = [(0, n_turns)] if n_turns else []  # no segmentation: the trajectory is one unit
+            values = flat_turn_weights(scores, counts, args.credit_temperature, args.mixing_coefficient, **box)
+        else:
+            spans = segment_trajectory(
+                correspondence.distances[rows], correspondence.boundary_valid[rows], threshold,
+                args.span_min_turns, args.span_max_turns, fallback_min=args.segmentation_threshold_min,
+                mode="random" if args.ablation == "D" else "adaptive", seed=index,
+            )
+            # Spans over the live turns: a turn without tokens is left out of its span's budget.
+            position = {t: k for k, t in enumerate(live)}
+            live_spans = []
+            for a, b in spans:
+                members = [position[t] for t in range(a, b) if t in position]
+                if members:
+                    live_spans.append((members[0], members[-1] + 1))
+            values = (
+                hierarchical_turn_weights(scores, counts, live_spans, args.credit_temperature, args.mixing_coefficient, **box)
+                if live else torch.zeros(0, dtype=torch.float64)
+            )
+        for t, value in zip(live, values.tolist()):
+            weights[t] = value
+        return weights, spans
+
+    def _invalid_residuals(
+        self, everything: list[Trajectory], rewards: torch.Tensor, groups: dict[int, list[int]], first: int, local: int
+    ) -> list[list[float]]:
+        """Official ``compute_invalid_action_advantage_residual`` of every local turn, over each task group's turn
+        rows (every group, whether or not its credit moves); rows of an unscorable (NaN) reward are left out."""
+        args = self.args
+        out = [[0.0] * everything[first + i].num_turns for i in range(local)]
+        if args.invalid_action_coef == 0:
+            return out
+        for members in groups.values():
+            keys = [(j, t) for j in members if not bool(torch.isnan(rewards[j])) for t in range(everything[j].num_turns)]
+            if not any(first <= j < first + local for j, _ in keys):
+                continue
+            residual = invalid_action_residual(
+                [float(rewards[j]) for j, _ in keys], [not everything[j].turns[t].action_valid for j, t in keys],
+                args.invalid_action_coef, args.advantage_epsilon, scale=self.scale_rewards != "none",
+            )
+            for (j, t), value in zip(keys, residual.tolist()):
+                if first <= j < first + local:
+                    out[j - first][t] = value
+        return out
 
     def _log_alignment(
         self,
-        correspondences: Correspondences,
+        correspondences: dict[int, GroupCorrespondence],
         spans: list[list[tuple[int, int]]],
-        encoder_seconds: float,
-        rescoring_seconds: float,
-        aligned_views: int,
+        alphas: list[float],
+        seconds: tuple[float, float, float],
+        cross_views: int,
+        threshold: float,
     ) -> None:
+        """The step's AlignOPSD metrics; ``seconds``: teacher generation, encoder and matching, scoring passes."""
         metrics = self._metrics["train" if self.model.training else "eval"]
-        matches = [match for per_turn, _ in correspondences.values() for match in per_turn]
-        similarities = [s for match in matches for s in match.similarities.tolist()]
-        metrics["alignopsd/match_rate"].append(sum(not m.is_identity for m in matches) / max(len(matches), 1))
-        metrics["alignopsd/lambda_mean"].append(sum(m.quality for m in matches) / max(len(matches), 1))
-        if similarities:
-            metrics["alignopsd/similarity_mean"].append(sum(similarities) / len(similarities))
+        teacher_seconds, encoder_seconds, rescoring_seconds = seconds
+        selected = [len(s) for c in correspondences.values() for s in c.selected]
+        metrics["alignopsd/match_rate"].append(sum(n > 0 for n in selected) / max(len(selected), 1))
+        metrics["alignopsd/mean_matched_sources"].append(sum(selected) / max(len(selected), 1))
+        # The mean correction strength alpha over the matched target turns.
+        metrics["alignopsd/alpha_mean"].append(sum(alphas) / max(len(alphas), 1))
+        valid = [bool(v) for c in correspondences.values() for v in c.profile_valid]
+        metrics["alignopsd/profile_valid_rate"].append(sum(valid) / max(len(valid), 1))
+        metrics["alignopsd/segmentation_threshold"].append(threshold if threshold != float("inf") else -1.0)
         span_lengths = [end - start for trajectory_spans in spans for start, end in trajectory_spans]
         metrics["alignopsd/span_count"].append(sum(len(s) for s in spans) / max(len(spans), 1))
         metrics["alignopsd/span_length_mean"].append(sum(span_lengths) / max(len(span_lengths), 1))
+        metrics["alignopsd/teacher_generation_seconds"].append(teacher_seconds)
         metrics["alignopsd/encoder_seconds"].append(encoder_seconds)
         metrics["alignopsd/rescoring_seconds"].append(rescoring_seconds)
-        metrics["alignopsd/aligned_views"].append(float(aligned_views))
+        metrics["alignopsd/cross_views"].append(float(cross_views))
 
-    def _teacher_thinking_states(self, trajectories: list[Trajectory], contexts: list[str]) -> dict[int, torch.Tensor]:
-        """Per trajectory with a context, the encoded ``<think>`` text the snapshot writes for each of its turns
-        under the privileged view. One batched generation over all of them; every process calls it once, with
-        an empty list if it has nothing to generate, as a collective vLLM server call needs."""
-        started = time.perf_counter()
-        keys = [(i, t) for i, trajectory in enumerate(trajectories) if contexts[i] for t in range(trajectory.num_turns)]
-        prompts = [privileged_prompt_ids(trajectories[i], t, contexts[i], self.chat) for i, t in keys]
-        generations = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)(prompts)
-        texts = [think_text(self._tokenizer.decode(g.token_ids, skip_special_tokens=True)) or "(no reasoning)" for g in generations]
-        encoded = self.encoder.encode(texts) if texts else None
-        states: dict[int, list[torch.Tensor]] = {}
-        for row, (i, _) in enumerate(keys):
-            states.setdefault(i, []).append(encoded[row])
-        self._metrics["train" if self.model.training else "eval"]["alignopsd/teacher_thinking_seconds"].append(
-            time.perf_counter() - started
-        )
-        return {i: torch.stack(rows) for i, rows in states.items()}
+
+def _advantage(advantage: float, weight: float | list[float], residual: float) -> float | list[float]:
+    """A_i w_it + r_it (the residual is per turn, the same on every token of it)."""
+    if isinstance(weight, list):
+        return [advantage * w + residual for w in weight]
+    return advantage * weight + residual

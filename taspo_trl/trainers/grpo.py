@@ -641,7 +641,7 @@ class AgentGRPOTrainer(GRPOTrainer):
 
         # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
-        per_turn_advantage = self.turn_advantages(StepView(trajectories, advantages, rows, batch))
+        per_turn_advantage = self.turn_advantages(StepView(trajectories, advantages, rows, batch, rewards))
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
         else:

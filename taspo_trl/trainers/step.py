@@ -26,12 +26,16 @@ class StepView:
         batch: the padded tensors of ``rows`` (``prompt_ids``, ``completion_ids``, their masks,
             ``sampling_per_token_logps`` and, when TRL's loss needs them, ``old_per_token_logps`` /
             ``ref_per_token_logps``), one row per entry of ``rows``. Per-token data stays in these tensors.
+        rewards: the rewards of every trajectory of the step, all processes' (gathered, in process order: this
+            process's trajectories start at ``process_index * len(trajectories)``); AlignOPSD's outcome
+            advantage takes its own statistics over them.
     """
 
     trajectories: list[Trajectory]
     advantages: torch.Tensor
     rows: Rows
     batch: dict[str, Any]
+    rewards: torch.Tensor | None = None
 
 
 @dataclass
