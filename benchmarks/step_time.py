@@ -80,6 +80,7 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
         "extra": [
             entry.get("taspo/rescoring_seconds", 0.0) + entry.get("pi/analyzer_seconds", 0.0)
             + entry.get("alignopsd/rescoring_seconds", 0.0) + entry.get("alignopsd/encoder_seconds", 0.0)
+            + entry.get("alignopsd/teacher_generation_seconds", 0.0)
             for entry in logs
         ],
         "pi_coverage": [entry.get("pi/coverage", 0.0) for entry in logs],

@@ -47,7 +47,7 @@ DEFAULT_CURVE_METRICS: tuple[str, ...] = (
     "taspo/weight_std",
     "credit/weight_min",
     "credit/weight_max",
-    "alignopsd/lambda_mean",
+    "alignopsd/alpha_mean",
 )
 
 _METRIC_TITLES = {
@@ -58,7 +58,7 @@ _METRIC_TITLES = {
     "taspo/weight_mean": "TASPO weight mean",
     "credit/weight_min": "Min credit weight",
     "credit/weight_max": "Max credit weight",
-    "alignopsd/lambda_mean": "AlignOPSD match quality (lambda)",
+    "alignopsd/alpha_mean": "AlignOPSD correction strength (alpha)",
     "loss": "Loss",
     "pi/coverage": "PI coverage",
     "taspo/fallback/no_pi": "TASPO fallback: no PI",

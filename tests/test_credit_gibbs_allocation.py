@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from taspo_trl.credit.gibbs_allocation import (
-    alignopsd_weights,
+    gibbs_weights,
     bounded_normalize,
     hierarchical_weights,
     neutral_measure,
@@ -112,7 +112,7 @@ def test_bounded_normalize_exact_across_many_orders_of_magnitude():
 @given(traj=trajectory(), temp=temp_st, eps=eps_st, adv=nonzero_adv)
 def test_weights_positive_bounded_mean_preserving_sign_preserving(traj, temp, eps, adv):
     e, n, spans = traj
-    w = alignopsd_weights(e, n, spans, temperature=temp, eps=eps)
+    w = gibbs_weights(e, n, spans, temperature=temp, eps=eps)
     assert w.dtype == F64 and w.shape == e.shape
     assert bool((w > 0).all())
     assert bool((w >= 1 - eps - 1e-12).all()) and bool((w <= 1 + eps + 1e-12).all())
@@ -135,7 +135,7 @@ def test_raw_hierarchical_weights_already_preserve_the_token_mean(traj):
 def test_zero_evidence_gives_exactly_grpo(traj, temp, eps):
     _, n, spans = traj
     zero = torch.zeros(len(n), dtype=F64)
-    w = alignopsd_weights(zero, n, spans, temperature=temp, eps=eps)
+    w = gibbs_weights(zero, n, spans, temperature=temp, eps=eps)
     assert w.tolist() == [1.0] * len(n)  # exact, not approximate
 
 
@@ -143,8 +143,8 @@ def test_zero_evidence_gives_exactly_grpo(traj, temp, eps):
 @given(traj=trajectory(), eps=eps_st)
 def test_infinite_temperature_gives_uniform_weights(traj, eps):
     e, n, spans = traj
-    assert alignopsd_weights(e, n, spans, temperature=math.inf, eps=eps).tolist() == [1.0] * len(n)
-    w = alignopsd_weights(e, n, spans, temperature=1e9, eps=eps)
+    assert gibbs_weights(e, n, spans, temperature=math.inf, eps=eps).tolist() == [1.0] * len(n)
+    w = gibbs_weights(e, n, spans, temperature=1e9, eps=eps)
     assert float((w - 1).abs().max()) < 1e-7
 
 
@@ -157,7 +157,7 @@ def test_within_span_higher_evidence_never_gets_less_credit(traj, temp, eps, adv
     # In terms of the teacher's support m_t = mean g~ = sign(A) e_t, better-supported turns always end with
     # the larger A~ (more positive credit, or attenuated negative credit), as in TASPO.
     e, n, spans = traj
-    w = alignopsd_weights(e, n, spans, temperature=temp, eps=eps)
+    w = gibbs_weights(e, n, spans, temperature=temp, eps=eps)
     a_tilde = adv * w
     for s, end in spans:
         for t, u in itertools.permutations([x for x in range(s, end) if n[x] > 0], 2):
@@ -173,7 +173,7 @@ def test_within_span_higher_evidence_never_gets_less_credit(traj, temp, eps, adv
 
 
 def test_turns_without_tokens_keep_weight_one():
-    w = alignopsd_weights([0.0, 2.0, -1.0, 0.5], [0, 3, 2, 0], [(0, 2), (2, 4)], eps=0.4)
+    w = gibbs_weights([0.0, 2.0, -1.0, 0.5], [0, 3, 2, 0], [(0, 2), (2, 4)], eps=0.4)
     assert w[0].item() == 1.0 and w[3].item() == 1.0
     assert 3 * w[1].item() + 2 * w[2].item() == pytest.approx(5.0, abs=1e-12)
 
@@ -185,13 +185,13 @@ def test_turns_without_tokens_keep_weight_one():
 def test_invalid_hyperparameters_raise_even_with_zero_evidence(kwargs):
     for e in ([0.3, -0.1], [0.0, 0.0]):
         with pytest.raises(ValueError):
-            alignopsd_weights(e, [1, 1], [(0, 2)], **kwargs)
+            gibbs_weights(e, [1, 1], [(0, 2)], **kwargs)
 
 
 def test_invalid_spans_raise():
     for spans in ([(0, 1)], [(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 0), (0, 3)]):
         with pytest.raises(ValueError):
-            alignopsd_weights([0.1, 0.2, 0.3], [1, 1, 1], spans)
+            gibbs_weights([0.1, 0.2, 0.3], [1, 1, 1], spans)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_worked_example_allocation_step_by_step():
     w = bounded_normalize(raw, HAND_N, eps=0.5)
     assert w.tolist() == pytest.approx(HAND_W, abs=1e-7)
     assert w[0].item() == 1.5
-    assert w.tolist() == pytest.approx(alignopsd_weights(e, HAND_N, HAND_SPANS, 1.0, 0.5).tolist(), abs=0)
+    assert w.tolist() == pytest.approx(gibbs_weights(e, HAND_N, HAND_SPANS, 1.0, 0.5).tolist(), abs=0)
     a_tilde = 2.0 * w
     assert a_tilde.tolist() == pytest.approx(HAND_A_TILDE, abs=1e-6)
     assert float((torch.tensor(HAND_N, dtype=F64) * a_tilde).sum()) / 8 == pytest.approx(2.0, abs=1e-12)

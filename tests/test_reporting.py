@@ -160,12 +160,12 @@ def test_curves_png_has_one_panel_per_logged_metric(tmp_path):
 
 def test_curves_from_paths_and_partial_runs(tmp_path):
     _write_state(tmp_path / "grpo", _log_history([0.0, 0.5]))
-    alignopsd = [{"success/all": 0.5, "alignopsd/lambda_mean": 0.3, "step": 1}]
+    alignopsd = [{"success/all": 0.5, "alignopsd/alpha_mean": 0.3, "step": 1}]
     (tmp_path / "alignopsd.jsonl").write_text(json.dumps(alignopsd[0]) + "\n")
     out = tmp_path / "curves.png"
     plotted = plot_training_curves([tmp_path / "grpo", tmp_path / "alignopsd.jsonl"], out,
-                                   metrics=("success/all", "alignopsd/lambda_mean"))
-    assert plotted == ["success/all", "alignopsd/lambda_mean"]  # a metric one run lacks is drawn for the other
+                                   metrics=("success/all", "alignopsd/alpha_mean"))
+    assert plotted == ["success/all", "alignopsd/alpha_mean"]  # a metric one run lacks is drawn for the other
     assert _png_size(out) == (800, 300)
     # One path on its own is one run; epochs as x axis.
     assert plot_training_curves(str(tmp_path / "grpo"), out, metrics=("kl",), x_key="epoch") == ["kl"]
@@ -179,7 +179,7 @@ def test_curves_errors(tmp_path, monkeypatch):
         with pytest.raises(ImportError, match=r"taspo-trl\[report\]"):
             plot_training_curves(runs, tmp_path / "x.png")
     with pytest.raises(ValueError, match="none of the metrics"):
-        plot_training_curves(runs, tmp_path / "x.png", metrics=("alignopsd/lambda_mean",))
+        plot_training_curves(runs, tmp_path / "x.png", metrics=("alignopsd/alpha_mean",))
     with pytest.raises(ValueError, match="smoothing"):
         plot_training_curves(runs, tmp_path / "x.png", smoothing=1.0)
     with pytest.raises(ValueError, match="no runs"):

@@ -50,7 +50,6 @@ from typing import Hashable, Sequence
 import torch
 
 from .gibbs_allocation import WEIGHT_DTYPE, TensorLike, _vec
-from .gibbs_allocation import alignopsd_weights, turn_evidence  # noqa: F401  (StepOPSD imports them from here)
 
 __all__ = [
     "WEIGHT_DTYPE",

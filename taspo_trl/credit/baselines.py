@@ -34,7 +34,7 @@ from difflib import SequenceMatcher
 
 import torch
 
-from .alignopsd import alignopsd_weights, turn_evidence
+from .gibbs_allocation import gibbs_weights, turn_evidence
 
 __all__ = [
     "GIGPO_NORMS",
@@ -432,6 +432,6 @@ def stepopsd_advantages(
         return gap
     counts = keep.sum(dim=-1).tolist()
     evidence = [turn_evidence(gap[s], a, keep[s]) for s in range(gap.shape[0])]
-    weights = alignopsd_weights(evidence, counts, [(0, len(counts))], temperature=temperature, eps=eps)
+    weights = gibbs_weights(evidence, counts, [(0, len(counts))], temperature=temperature, eps=eps)
     shaped = a * weights.unsqueeze(-1).expand(gap.shape)
     return torch.where(keep, shaped, torch.zeros_like(shaped))

@@ -11,7 +11,7 @@ and rescaled exactly so the token-weighted mean advantage is kept.
     neutral_measure      beta0_t = n_t / N
     hierarchical_weights w_t = beta_s alpha_t / beta0_t (sum_t n_t w_t = N)
     bounded_normalize    w' = clip(s w, 1 - eps, 1 + eps) with sum_t n_t w'_t = N, solved exactly
-    alignopsd_weights    hierarchical_weights + bounded_normalize (all evidence 0 -> exactly ones)
+    gibbs_weights    hierarchical_weights + bounded_normalize (all evidence 0 -> exactly ones)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["turn_evidence", "span_evidence", "neutral_measure", "hierarchical_weights", "bounded_normalize", "alignopsd_weights"]
+__all__ = ["turn_evidence", "span_evidence", "neutral_measure", "hierarchical_weights", "bounded_normalize", "gibbs_weights"]
 
 WEIGHT_DTYPE = torch.float64
 DEFAULT_TEMPERATURE = 1.0
@@ -268,7 +268,7 @@ def bounded_normalize(
     return out
 
 
-def alignopsd_weights(
+def gibbs_weights(
     evidence: TensorLike,
     token_counts: Sequence[int] | torch.Tensor,
     spans: Sequence[Span],
