@@ -1,14 +1,17 @@
 """Warm-started embedded policies: the embedded model after a short SFT pass on expert demonstrations.
 
-``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct fine-tuned (with TRL's ``SFTTrainer``) on the
-planner walkthroughs of generated ALFWorld train games, rendered in the quickstart recipes' prompts (``turn``
-layout, history window 1). The base model never writes a valid action; the warm-started one does, and wins
-some games, so RL groups hold both successes and failures.
+``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct fine-tuned (with TRL's ``SFTTrainer``, as a rank-16
+LoRA adapter) on the planner walkthroughs of generated ALFWorld train games, rendered in the quickstart recipes'
+prompts (``turn`` layout, history window 1). The base model never writes a valid action; the warm-started one
+does, and wins some games, so RL groups hold both successes and failures.
 
-It is built on first use, like the GGUF conversion of the base model, into the model cache
-(``$TASPO_TRL_CACHE/models``): a progress bar while it trains, an atomic rename when it is done, and a
-fingerprint file that makes a later use rebuild it when its settings, the code that produces its data, or the
-library versions change. Concurrent first uses (the ranks of one launch) wait on a lock while one builds.
+The package ships its adapter (``data/warm_starts/``, float16, with a ``warm_start.json`` fingerprint of the
+settings and the code that produces its data; ``benchmarks/build_warm_start.py`` rebuilds it). First use merges it
+into the base model in the model cache (``$TASPO_TRL_CACHE/models``), in seconds. Where the shipped fingerprint
+does not match (changed settings or data code), first use builds it instead: a progress bar while it trains, in
+the precision the hardware computes fastest unless the caller says otherwise. Either way an atomic rename puts it
+in place, with the fingerprint file that makes a later use reinstall or rebuild it when that changes. Concurrent
+first uses (the ranks of one launch) wait on a lock while one builds.
 """
 
 from __future__ import annotations
@@ -353,14 +356,8 @@ def train_warm_start(
         guided = guided_sft_dataset(task_spec_rows(guided_games), tokenizer, config)
         dataset = concatenate_datasets([dataset, guided]).shuffle(seed=spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_config = None
-    if spec.lora_rank:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0,
-                                 target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                              peft_config=peft_config)
+                              peft_config=_lora_config(spec))
     trainer.train()
     examples = len(dataset)
     if spec.relabel_episodes_per_task:
@@ -375,13 +372,27 @@ def train_warm_start(
         trainer = AgentSFTTrainer(model=trainer.model, args=second, train_dataset=combined, processing_class=tokenizer)
         trainer.train()
         examples += len(corrections)
-    if spec.lora_rank:
-        adapter_dir = adapter_dir or out_dir.parent / "adapter"
-        save_adapter(trainer.model, spec.base_model, adapter_dir)
-        # From the saved float16 adapter, as an install from the package merges it: both give the same weights.
-        merge_adapter(spec.base_model, adapter_dir, out_dir)
-        return examples
-    tokenizer.padding_side = "left"
-    trainer.model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    _save_trained(trainer.model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
     return examples
+
+
+def _lora_config(spec: WarmStart) -> Any:
+    """PEFT's LoRA settings of a LoRA warm start (every linear layer, no dropout); ``None`` for full fine-tuning."""
+    if not spec.lora_rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
+def _save_trained(model: Any, tokenizer: Any, spec: WarmStart, out_dir: Path, adapter_dir: Path) -> None:
+    """Save the trained policy to ``out_dir``; a LoRA one also as its float16 adapter to ``adapter_dir``, and
+    ``out_dir`` then holds the merge of that saved adapter, as an install from the package does: the same weights."""
+    if spec.lora_rank:
+        save_adapter(model, spec.base_model, adapter_dir)
+        merge_adapter(spec.base_model, adapter_dir, out_dir)
+        return
+    tokenizer.padding_side = "left"
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
