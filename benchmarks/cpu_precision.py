@@ -10,7 +10,7 @@ Times, in one run, with the embedded SmolLM2-135M (float32 weights, as the recip
 
 It also reports how far bf16 moves the log-probabilities of the same tokens (largest absolute difference of
 ``log_softmax`` over a real chat prompt), and whether the CPU has bfloat16 instructions (AVX512-BF16 / AMX):
-without them bf16 is emulated and slower, and ``taspo-train`` says so when a CPU run sets ``bf16``.
+without them bf16 is emulated and slower, so an unset ``bf16`` follows them (``taspo_trl.precision``).
 
     python benchmarks/cpu_precision.py --repeats 3
 """
@@ -24,7 +24,8 @@ from contextlib import nullcontext
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from taspo_trl.models import EMBEDDED_MODEL, cpu_computes_bf16, prepare_tokenizer, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL, prepare_tokenizer, resolve_model_path
+from taspo_trl.precision import cpu_computes_bf16
 from taspo_trl.rollout.generation import TransformersGenerator
 
 

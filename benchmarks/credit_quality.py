@@ -408,8 +408,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke setting: 1 batch, 2 ALFWorld families or 4 tasks, 200 resamples")
     parser.add_argument(
-        "--bf16", action=argparse.BooleanOptionalAction, default=False,
-        help="sample and score under bf16 autocast, as the CPU quickstarts do (default: float32)",
+        "--bf16", action=argparse.BooleanOptionalAction, default=None,
+        help="sample and score under bf16 autocast (--no-bf16: float32; default: where the hardware computes it, as the CPU quickstarts do)",
     )
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the one the warm start was trained with, else 1)")

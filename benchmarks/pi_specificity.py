@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="games to script (train: the warm start's own games at seed 0)")
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the one the warm start was trained with, else 1)")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="bf16 autocast (--no-bf16: float32; default: where the hardware computes it)")
     parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
     args = parser.parse_args(argv)
     if len(args.task_types) < 2:

@@ -59,7 +59,7 @@ def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
 
 
 def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:
-    model_dir = resolve_policy_path(model_name)
+    model_dir = resolve_policy_path(model_name, bf16=args.bf16)
     model, tokenizer = load_model_and_tokenizer(model_dir)
     window = args.history_window or trained_history_window(model_dir)
     env_factory = get_env_factory("alfworld")
@@ -72,7 +72,7 @@ def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[di
                             bf16=args.bf16)
     siblings = [row for row in train_rows for _ in range(args.siblings)]
     train = group_stats(evaluate_rows(siblings, model, tokenizer, sampled, env_factory), args.siblings)
-    return {"model": model_name, "history_window": window, "bf16": args.bf16, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
+    return {"model": model_name, "history_window": window, "bf16": greedy.bf16, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -110,8 +110,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the model's warm_start.json, else 1)")
     parser.add_argument("--seed", type=int, default=0, help="evaluation seed (greedy decoding ignores it: only the temperature-1 episodes change with it)")
-    parser.add_argument("--bf16", action="store_true",
-                        help="sample under bf16 autocast, as the CPU quickstarts do (default: float32)")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                        help="sample under bf16 autocast (--no-bf16: float32; default: bf16 where the hardware "
+                             "computes it, as the CPU quickstarts sample)")
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
     parser.add_argument("--out", default="outputs/warm_start_eval.json")
     args = parser.parse_args(argv)

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from .envs import build_task_rows
-from .models import check_model_reference, cpu_computes_bf16
+from .models import check_model_reference
 from .script_args import SETUP_ERRORS, AgentScriptArguments, import_env_module, one_line_errors, resolve_config_argv
 
 logger = logging.getLogger("taspo_trl")
@@ -88,7 +88,7 @@ def build_trainer(
     check_model_reference(name)
     check_output_dir(config.output_dir, config.resume_from_checkpoint, script_args.overwrite_output_dir)
     check_hub_access(config)
-    warn_if_bf16_is_emulated(config)
+    print(f"[taspo-train] precision: {config.precision.description}", flush=True)
     quantization = _quantization(model_args)
     # As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
     # `model_init_kwargs` win where both set a key.
@@ -99,7 +99,7 @@ def build_trainer(
         **({"quantization_config": quantization} if quantization else {}),
         **(config.model_init_kwargs or {}),
     }
-    model_path = resolve_policy_path(name)
+    model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does
     rows = build_task_rows(config.environment, asdict(script_args), config.max_turns)
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
@@ -160,16 +160,6 @@ def check_hub_access(config: Any) -> None:
             f"the Hub check failed: {' '.join(str(error).split()) or type(error).__name__}. Drop --push_to_hub to "
             "train locally (the model card is written to output_dir either way)"
         ) from error
-
-
-def warn_if_bf16_is_emulated(config: Any) -> None:
-    """A CPU run with ``bf16`` (the CPU recipes set it) is about 1.6x faster than float32 on a CPU with bfloat16
-    instructions, and slower on one without: say so before the run starts, with the fix."""
-    import torch
-
-    if (config.use_cpu or not torch.cuda.is_available()) and config.bf16 and cpu_computes_bf16() is False:
-        print("[taspo-train] note: this CPU has no bfloat16 instructions (AVX512-BF16 or AMX), so bf16 autocast is "
-              "emulated and slower than float32 here; pass --bf16 false", file=sys.stderr, flush=True)
 
 
 def model_card_name(args: Any) -> str:

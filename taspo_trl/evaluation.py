@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .precision import choose_precision
+
 logger = logging.getLogger("taspo_trl")
 
 DEFAULT_SPLITS = {"alfworld": ["eval_seen", "eval_unseen"], "webshop": ["eval"], "search": ["test"]}
@@ -76,9 +78,10 @@ class EvalArguments:
         results_dir (`str`, defaults to `"outputs/eval"`): where the JSON and markdown results go.
         device (`str`, defaults to `"cpu"`): `cpu`, `cuda`, ...
         dtype (`str`, defaults to `"float32"`): model dtype (`bfloat16` on GPUs).
-        bf16 (`bool`, defaults to `False`): sample under bf16 autocast over the model's weights, as training with
-            `bf16` does (the CPU quickstarts): about 1.6x faster than float32 on a CPU with bfloat16 instructions
-            (AVX512-BF16 or AMX), slower on one without.
+        bf16 (`bool` or `None`, defaults to `None`): sample under bf16 autocast over the model's weights, as
+            training with `bf16` does: about 1.6x faster than float32 on a CPU with bfloat16 instructions
+            (AVX512-BF16 or AMX), tens of times slower on one without. `None` follows the hardware (bf16 where
+            `device` computes it natively, `taspo_trl.precision`); the choice and its reason are in `precision`.
         prompt_skill_bank (`str` or `None`, defaults to `None`): a SkillBank (`alfworld`, `webshop`, `searchqa`
             or a JSONL path) whose top-`prompt_skill_top_k` skills for each task are shown in the policy's prompt,
             as in training with the same field (Skill-GRPO*, Skill-Prompt*). `None`: no skills.
@@ -114,7 +117,9 @@ class EvalArguments:
     results_dir: str = field(default="outputs/eval", metadata={"help": "Output folder."})
     device: str = field(default="cpu", metadata={"help": "Device."})
     dtype: str = field(default="float32", metadata={"help": "Model dtype."})
-    bf16: bool = field(default=False, metadata={"help": "Sample under bf16 autocast (as training with bf16)."})
+    bf16: bool | None = field(
+        default=None, metadata={"help": "Sample under bf16 autocast (as training with bf16); unset: the hardware's choice."}
+    )
     prompt_skill_bank: str | None = field(default=None, metadata={"help": "Skills in the policy prompt (Skill-GRPO*)."})
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
 
@@ -142,6 +147,8 @@ class EvalArguments:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)}; set --{name} accordingly.")
         if self.vllm_mode not in ("colocate", "server"):
             raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}.")
+        self.precision = choose_precision(self.bf16, use_cpu=not self.device.startswith("cuda"))
+        self.bf16 = self.precision.bf16
 
 
 def summarize(trajectories: list[Any]) -> dict[str, Any]:
@@ -407,7 +414,7 @@ def prepare_evaluation(args: EvalArguments, script_args: Any) -> EvalSetup:
     env_factory = get_env_factory(args.environment)
     split_rows = {split: _split_rows(split, args, script_args) for split in splits}
     model, tokenizer = load_model_and_tokenizer(
-        resolve_policy_path(args.model_name_or_path), dtype=getattr(torch, args.dtype), device=args.device
+        resolve_policy_path(args.model_name_or_path, bf16=args.bf16), dtype=getattr(torch, args.dtype), device=args.device
     )
     return EvalSetup(env_factory, split_rows, model, tokenizer, build_generator(model, tokenizer, args))
 
@@ -422,7 +429,8 @@ def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | Non
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for split, rows in setup.split_rows.items():
-        print(f"[taspo-eval] {args.environment}/{split}: {len(rows)} tasks, model={args.model_name_or_path}", flush=True)
+        print(f"[taspo-eval] {args.environment}/{split}: {len(rows)} tasks, model={args.model_name_or_path}, "
+              f"precision: {args.precision.description}", flush=True)
         trajectories = evaluate_rows(rows, setup.model, setup.tokenizer, args, setup.env_factory, setup.generate)
         result = {
             "env": args.environment,

@@ -220,20 +220,6 @@ def _export_gguf(gguf_path: Path, out_dir: Path) -> None:
     out_dir.chmod(0o755)
 
 
-def cpu_computes_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
-    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX), the ones that make bf16 autocast about
-    1.6x faster than float32 for a 135M model (measured in ``benchmarks/cpu_precision.py``); without them bf16
-    runs through conversions and is slower. ``None`` where the flags can't be read (not Linux)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), None)
-    if flags is None:
-        return None
-    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
-
-
 def require_chat_template(tokenizer: PreTrainedTokenizerBase, name: str) -> None:
     """Raise a ``ValueError`` naming the fix if ``tokenizer`` (of model ``name``) has no chat template.
 

@@ -1,14 +1,17 @@
 """Warm-started embedded policies: the embedded model after a short SFT pass on expert demonstrations.
 
-``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct fine-tuned (with TRL's ``SFTTrainer``) on the
-planner walkthroughs of generated ALFWorld train games, rendered in the quickstart recipes' prompts (``turn``
-layout, history window 1). The base model never writes a valid action; the warm-started one does, and wins
-some games, so RL groups hold both successes and failures.
+``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct fine-tuned (with TRL's ``SFTTrainer``, as a rank-16
+LoRA adapter) on the planner walkthroughs of generated ALFWorld train games, rendered in the quickstart recipes'
+prompts (``turn`` layout, history window 1). The base model never writes a valid action; the warm-started one
+does, and wins some games, so RL groups hold both successes and failures.
 
-It is built on first use, like the GGUF conversion of the base model, into the model cache
-(``$TASPO_TRL_CACHE/models``): a progress bar while it trains, an atomic rename when it is done, and a
-fingerprint file that makes a later use rebuild it when its settings, the code that produces its data, or the
-library versions change. Concurrent first uses (the ranks of one launch) wait on a lock while one builds.
+The package ships its adapter (``data/warm_starts/``, float16, with a ``warm_start.json`` fingerprint of the
+settings and the code that produces its data; ``benchmarks/build_warm_start.py`` rebuilds it). First use merges it
+into the base model in the model cache (``$TASPO_TRL_CACHE/models``), in seconds. Where the shipped fingerprint
+does not match (changed settings or data code), first use builds it instead: a progress bar while it trains, in
+the precision the hardware computes fastest unless the caller says otherwise. Either way an atomic rename puts it
+in place, with the fingerprint file that makes a later use reinstall or rebuild it when that changes. Concurrent
+first uses (the ranks of one launch) wait on a lock while one builds.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
+from .precision import Precision, choose_precision
 
 _FINGERPRINT_FILE = "warm_start.json"
+_ADAPTER_FILE = "adapter_model.safetensors"
+_SHIPPED = Path(__file__).parent / "data" / "warm_starts"
 # Modules whose code decides the demonstrations (games, expert, prompts, privileged contexts) and so the weights.
 _DATA_MODULES = (
     "envs/alfworld/generator.py",
@@ -43,7 +50,7 @@ _DATA_MODULES = (
     "trainers/sft.py",
 )
 # Bump when ``train_warm_start`` changes how it trains (its settings beyond ``WarmStart``'s fields).
-_BUILD_VERSION = 2
+_BUILD_VERSION = 3
 _VERSIONED_PACKAGES = ("torch", "transformers", "trl", "textworld", "alfworld")
 
 
@@ -89,9 +96,11 @@ class WarmStart:
     """Epochs of the second round over the demonstrations and the corrections together."""
     relabel_learning_rate: float = 1e-4
     """Peak learning rate of the second round."""
-    bf16: bool = False
-    """Train under bf16 autocast (float32 weights, bfloat16 matmuls): about 1.6x faster SFT steps on a CPU with
-    bfloat16 instructions (AVX512-BF16 or AMX; ``benchmarks/cpu_precision.py``), slower on one without."""
+    lora_rank: int = 0
+    """Train a LoRA adapter of this rank (PEFT, on every linear layer of the decoder) instead of the weights
+    themselves; 0 = full fine-tuning. A LoRA warm start ships in the package as its adapter."""
+    lora_alpha: int = 32
+    """LoRA's scale numerator: the adapter's update is ``lora_alpha / lora_rank * B @ A``."""
 
 
 WARM_STARTS: dict[str, WarmStart] = {
@@ -103,7 +112,6 @@ WARM_STARTS: dict[str, WarmStart] = {
         layout="turn",
         history_window=1,
         num_train_epochs=4,
-        learning_rate=2e-4,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
@@ -112,10 +120,11 @@ WARM_STARTS: dict[str, WarmStart] = {
         demonstrations_per_task=4,
         pi_episodes=1,
         mistake_rate=0.15,
-        # Half the layers fixed (1.5x faster steps) and bf16 autocast (1.6x faster again on a CPU with bfloat16
-        # instructions) buy the fourth epoch within the 10-minute build.
+        # Half the layers fixed: 1.5x faster steps. (A rank-16 LoRA adapter, lora_rank=16 at lr 1e-3, would ship
+        # in 9.8 MB, but won 1 of 12 unseen rooms greedily and in 2 of 6 quickstart groups at T = 1, below this
+        # full fine-tune's 2 of 12 and 5 of 6.)
         frozen_layers=15,
-        bf16=True,
+        learning_rate=2e-4,
     ),
 }
 
@@ -128,20 +137,34 @@ def warm_start_dir(name: str) -> Path:
     return cache_root() / "models" / name.strip().lower().split(":", 1)[1]
 
 
+def shipped_warm_start_dir(name: str) -> Path:
+    """Where the package ships the adapter of warm start ``name`` (rebuilt by ``benchmarks/build_warm_start.py``)."""
+    return _SHIPPED / name.strip().lower().split(":", 1)[1]
+
+
 def fingerprint(spec: WarmStart) -> dict[str, object]:
-    """What the built weights depend on: the settings, the data-producing code and the library versions."""
+    """What the trained weights depend on: the settings, the build's version and the data-producing code. The
+    library versions and the precision of a build are recorded next to it (``built_with``), not compared: a
+    shipped adapter stays valid under the user's versions, and a build's precision changes its rounding only."""
     package = Path(__file__).parent
     code = hashlib.sha256()
     for module in _DATA_MODULES:
         code.update(module.encode() + (package / module).read_bytes())
+    # Through JSON, so it compares equal to the copy read back from the fingerprint file (tuples become lists).
+    return json.loads(json.dumps({"settings": asdict(spec), "build_version": _BUILD_VERSION, "code_sha256": code.hexdigest()}))
+
+
+def build_environment(bf16: bool) -> dict[str, object]:
+    """The library versions, precision and thread count a build ran with (its ``built_with`` record)."""
+    import torch
+
     versions = {}
     for name in _VERSIONED_PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    # Through JSON, so it compares equal to the copy read back from the fingerprint file (tuples become lists).
-    return json.loads(json.dumps({"settings": asdict(spec), "build_version": _BUILD_VERSION, "code_sha256": code.hexdigest(), "versions": versions}))
+    return {"versions": versions, "bf16": bf16, "torch_threads": torch.get_num_threads()}
 
 
 def trained_history_window(model_dir: str) -> int:
@@ -153,14 +176,17 @@ def trained_history_window(model_dir: str) -> int:
     return int(json.loads(record.read_text())["fingerprint"]["settings"]["history_window"])
 
 
-def resolve_policy_path(name_or_path: str) -> str:
-    """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (built first
-    when missing or out of date). The CLI, ``taspo-eval`` and the benchmarks resolve policy names through it."""
-    return resolve_warm_start(name_or_path) if is_warm_start(name_or_path) else resolve_model_path(name_or_path)
+def resolve_policy_path(name_or_path: str, bf16: bool | None = None) -> str:
+    """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (installed from
+    the package, or built, when missing or out of date; ``bf16`` is the build's precision, ``None``: the
+    hardware's). The CLI, ``taspo-eval`` and the benchmarks resolve policy names through it."""
+    return resolve_warm_start(name_or_path, bf16) if is_warm_start(name_or_path) else resolve_model_path(name_or_path)
 
 
-def resolve_warm_start(name: str) -> str:
-    """The model directory of warm start ``name``, built first if it is missing or out of date."""
+def resolve_warm_start(name: str, bf16: bool | None = None) -> str:
+    """The model directory of warm start ``name``. When it is missing or out of date: the base model with the
+    package's shipped adapter merged in, where that adapter's fingerprint matches (seconds); otherwise a build,
+    under bf16 autocast if ``bf16`` (``None``: where the hardware computes bf16, ``taspo_trl.precision``)."""
     spec = WARM_STARTS[name.strip().lower()]
     target = warm_start_dir(name)
     wanted = fingerprint(spec)
@@ -170,7 +196,14 @@ def resolve_warm_start(name: str) -> str:
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it; wait, then look again
         if not _current(target, wanted):
-            _build(name, spec, target, wanted)
+            shipped = shipped_warm_start_dir(name)
+            if _current(shipped, wanted):
+                _install_shipped(name, spec, shipped, target)
+            else:
+                import torch
+
+                precision = choose_precision(bf16, use_cpu=not torch.cuda.is_available())
+                _build(name, spec, target, wanted, precision)
     return str(target)
 
 
@@ -181,11 +214,25 @@ def _current(target: Path, wanted: dict[str, object]) -> bool:
         return False
 
 
-def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) -> None:
+def _install_shipped(name: str, spec: WarmStart, shipped: Path, target: Path) -> None:
+    """Merge the package's adapter into the base model, into a temporary sibling, then swap it into place."""
+    print(f"taspo_trl: installing the shipped warm start {name} in {target} (one-time: its LoRA adapter merged "
+          f"into {spec.base_model}, seconds)", file=sys.stderr, flush=True)
+    work = owned_temporary_dir(target)
+    try:
+        merge_adapter(spec.base_model, shipped, work / "model")
+        record = json.loads((shipped / _FINGERPRINT_FILE).read_text())
+        _swap_into_place(work / "model", target, {**record, "installed_from": "package"})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object], precision: Precision) -> None:
     """Train into a temporary sibling directory, then swap it into place with renames."""
     print(
         f"taspo_trl: building the warm-started policy {name} in {target} (one-time: SFT of {spec.base_model} on "
-        f"expert demonstrations, 8 to 10 minutes on a 2-core CPU with bfloat16 instructions)",
+        f"expert demonstrations in {precision.description}; about 7 minutes on a 2-core CPU with bfloat16 "
+        "instructions, 25 in float32)",
         file=sys.stderr,
         flush=True,
     )
@@ -193,26 +240,67 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
     work = owned_temporary_dir(target)
     try:
         model_dir = work / "model"
-        examples = train_warm_start(spec, model_dir, work / "games")
+        examples = train_warm_start(spec, model_dir, work / "games", bf16=precision.bf16)
         seconds = time.perf_counter() - started
-        record = {"name": name, "fingerprint": wanted, "examples": examples, "build_seconds": round(seconds, 1)}
-        (model_dir / _FINGERPRINT_FILE).write_text(json.dumps(record, indent=2))
-        model_dir.chmod(0o755)
-        stale = owned_temporary_dir(target, kind="stale")
-        stale.rmdir()  # only its owner-tagged name is wanted: the old target is renamed onto it
-        if target.exists():
-            os.rename(target, stale)
-        os.rename(model_dir, target)
-        shutil.rmtree(stale, ignore_errors=True)
+        record = {"name": name, "fingerprint": wanted, "examples": examples, "build_seconds": round(seconds, 1),
+                  "built_with": build_environment(precision.bf16)}
+        _swap_into_place(model_dir, target, record)
         print(f"taspo_trl: {name} built in {seconds:.0f}s from {examples} demonstration turns", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
-    """SFT of ``spec.base_model`` on the expert's demonstrations, then, with ``spec.relabel_episodes_per_task``,
-    a DAgger round on the expert's corrections of the SFT policy's own episodes; saves model and tokenizer to
-    ``out_dir`` and returns the number of training rows (demonstration turns and corrections)."""
+def _swap_into_place(model_dir: Path, target: Path, record: dict[str, object]) -> None:
+    """Write ``record`` as the fingerprint file of ``model_dir`` and rename it onto ``target``."""
+    (model_dir / _FINGERPRINT_FILE).write_text(json.dumps(record, indent=2))
+    model_dir.chmod(0o755)
+    stale = owned_temporary_dir(target, kind="stale")
+    stale.rmdir()  # only its owner-tagged name is wanted: the old target is renamed onto it
+    if target.exists():
+        os.rename(target, stale)
+    os.rename(model_dir, target)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def save_adapter(model: Any, base_model: str, adapter_dir: Path) -> None:
+    """Save a PEFT model's LoRA weights in float16 (half the size; the rounding moves a merged weight by about
+    1e-3 of the adapter's own update) and its adapter config naming ``base_model``, not a local path."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    state = {key: value.detach().to(torch.float16).contiguous() for key, value in get_peft_model_state_dict(model).items()}
+    save_file(state, str(adapter_dir / _ADAPTER_FILE), metadata={"format": "pt"})
+    config = model.peft_config["default"]
+    config.base_model_name_or_path = base_model
+    config.save_pretrained(str(adapter_dir))
+
+
+def merge_adapter(base_model: str, adapter_dir: Path, out_dir: Path) -> None:
+    """Save ``base_model`` (float32) with the LoRA adapter of ``adapter_dir`` merged in, and its tokenizer, to
+    ``out_dir``: an ordinary model folder that every trainer and sampler loads."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .models import prepare_tokenizer
+
+    base = resolve_model_path(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(out_dir)
+    prepare_tokenizer(AutoTokenizer.from_pretrained(base)).save_pretrained(out_dir)  # left padding, for sampling
+
+
+def train_warm_start(
+    spec: WarmStart, out_dir: Path, games_dir: Path, bf16: bool = False, adapter_dir: Path | None = None
+) -> int:
+    """SFT of ``spec.base_model`` on the expert's demonstrations (under bf16 autocast if ``bf16``), then, with
+    ``spec.relabel_episodes_per_task``, a DAgger round on the expert's corrections of the SFT policy's own
+    episodes; saves model and tokenizer to ``out_dir`` (with ``spec.lora_rank``: the base model with the float16
+    adapter, saved to ``adapter_dir``, default ``out_dir``'s sibling ``adapter``, merged in) and returns the number
+    of training rows (demonstration turns and corrections)."""
     import torch
     from datasets import concatenate_datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -253,7 +341,7 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         demonstration_wander_rate=spec.wander_rate,
         frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
-        bf16=spec.bf16,
+        bf16=bf16,
         logging_steps=5,
         save_strategy="no",
         report_to="none",
@@ -267,7 +355,8 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         guided = guided_sft_dataset(task_spec_rows(guided_games), tokenizer, config)
         dataset = concatenate_datasets([dataset, guided]).shuffle(seed=spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                              peft_config=_lora_config(spec))
     trainer.train()
     examples = len(dataset)
     if spec.relabel_episodes_per_task:
@@ -282,7 +371,27 @@ def train_warm_start(spec: WarmStart, out_dir: Path, games_dir: Path) -> int:
         trainer = AgentSFTTrainer(model=trainer.model, args=second, train_dataset=combined, processing_class=tokenizer)
         trainer.train()
         examples += len(corrections)
-    tokenizer.padding_side = "left"
-    trainer.model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    _save_trained(trainer.model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
     return examples
+
+
+def _lora_config(spec: WarmStart) -> Any:
+    """PEFT's LoRA settings of a LoRA warm start (every linear layer, no dropout); ``None`` for full fine-tuning."""
+    if not spec.lora_rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+                      task_type="CAUSAL_LM")
+
+
+def _save_trained(model: Any, tokenizer: Any, spec: WarmStart, out_dir: Path, adapter_dir: Path) -> None:
+    """Save the trained policy to ``out_dir``; a LoRA one also as its float16 adapter to ``adapter_dir``, and
+    ``out_dir`` then holds the merge of that saved adapter, as an install from the package does: the same weights."""
+    if spec.lora_rank:
+        save_adapter(model, spec.base_model, adapter_dir)
+        merge_adapter(spec.base_model, adapter_dir, out_dir)
+        return
+    tokenizer.padding_side = "left"
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)

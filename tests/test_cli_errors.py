@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -238,14 +237,3 @@ def test_eval_use_vllm_with_a_gpu_but_no_vllm_names_the_extra(tiny_model_dir, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the guard's branch for a GPU machine
     with pytest.raises(ImportError, match=r"taspo-trl\[vllm\]"):
         build_generator(model, tokenizer, EvalArguments(use_vllm=True))
-
-
-@pytest.mark.parametrize(("has_bf16", "bf16", "warned"), [(False, True, True), (True, True, False), (None, True, False),
-                                                           (False, False, False)])
-def test_bf16_on_a_cpu_without_bf16_instructions_gets_a_note(monkeypatch, capsys, has_bf16, bf16, warned):
-    from taspo_trl import cli
-
-    monkeypatch.setattr(cli, "cpu_computes_bf16", lambda: has_bf16)
-    cli.warn_if_bf16_is_emulated(SimpleNamespace(use_cpu=True, bf16=bf16))
-    err = capsys.readouterr().err
-    assert ("pass --bf16 false" in err) is warned

@@ -13,7 +13,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from taspo_trl import models
 from taspo_trl.models import (
     EMBEDDED_MODEL,
-    cpu_computes_bf16,
     embedded_model_dir,
     is_embedded,
     load_model_and_tokenizer,
@@ -259,20 +258,3 @@ def test_model_references_that_cannot_load_fail_in_one_line(tmp_path: Path) -> N
             check_model_reference(reference)
         message = str(info.value)
         assert problem in message and reference in message and "\n" not in message
-
-
-@pytest.mark.parametrize(("flags", "expected"), [
-    ("fpu sse2 avx2 fma avx512f avx512bw", False),  # AVX-512 without its bf16 extension
-    ("fpu sse2 avx2 avx512f avx512_bf16", True),
-    ("fpu sse2 avx2 amx_bf16 amx_tile", True),
-])
-def test_cpu_bf16_instructions_are_read_from_the_flags(tmp_path: Path, flags: str, expected: bool) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\n")
-    assert cpu_computes_bf16(cpuinfo) is expected
-
-
-def test_cpu_bf16_is_unknown_without_flags(tmp_path: Path) -> None:
-    assert cpu_computes_bf16(tmp_path / "missing") is None
-    (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd\n")
-    assert cpu_computes_bf16(tmp_path / "arm") is None

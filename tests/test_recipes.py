@@ -211,15 +211,18 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir,
     responses only, and train one step."""
     from trl import SFTTrainer
 
-    # The tiny model has 2 layers; one expert episode per game keeps the test short.
+    # The tiny model has 2 layers; one expert episode per game keeps the test short. A LoRA recipe (ALFWorld's,
+    # as the package ships its warm start) already keeps the base fixed.
+    data = yaml.safe_load(recipe.read_text())
     argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + [
-        "--max_steps", "1", "--frozen_layers", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
+        "--max_steps", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
+        *([] if data.get("use_peft") else ["--frozen_layers", "1"]),
     ]
     at = argv.index("--use_vllm")
     del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
     trainer = build_trainer(argv, model_override=tiny_model_dir)
-    data = yaml.safe_load(recipe.read_text())
     assert isinstance(trainer, SFTTrainer) and trainer.args.completion_only_loss
+    assert hasattr(trainer.model, "peft_config") is bool(data.get("use_peft"))
     assert trainer.args.learning_rate == pytest.approx(float(data["learning_rate"]))
     example = trainer.train_dataset[0]
     trained = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
@@ -236,9 +239,14 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
     data = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_sft_cpu.yaml").read_text())
     spec = WARM_STARTS["embedded:smollm2-135m-alfworld"]
     for key in ("games_per_type", "games_seed", "layout", "history_window", "num_train_epochs", "learning_rate",
-                "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "demonstrations_per_task",
-                "frozen_layers", "bf16"):
+                "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "demonstrations_per_task"):
         assert data[key] == getattr(spec, key), key
+    assert data.get("frozen_layers", 0) == spec.frozen_layers
+    assert data.get("use_peft", False) is bool(spec.lora_rank)
+    if spec.lora_rank:
+        assert data["lora_target_modules"] == "all-linear" and data["lora_dropout"] == 0.0
+        assert (data["lora_r"], data["lora_alpha"]) == (spec.lora_rank, spec.lora_alpha)
+    assert "bf16" not in data  # the precision follows the hardware, as the warm start's build does
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
     assert data.get("demonstration_pi_episodes", 0) == spec.pi_episodes
     quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())

@@ -151,3 +151,60 @@ def test_benchmarks_prompt_a_warm_start_with_the_window_it_was_trained_on(tmp_pa
     assert warmstart.trained_history_window(str(built)) == 2
     assert warmstart.trained_history_window(str(tmp_path)) == 1
     assert warmstart.WARM_STARTS["embedded:smollm2-135m-alfworld"].history_window == 1
+
+
+def test_the_shipped_warm_start_matches_its_code_and_settings():
+    """A LoRA warm start ships its adapter, built from today's data-producing code and settings (after a change to
+    any module of ``warmstart._DATA_MODULES`` or to the spec, rebuild it with
+    ``python benchmarks/build_warm_start.py``); a full fine-tune ships nothing and is built on first use."""
+    from safetensors import safe_open
+
+    for name, spec in warmstart.WARM_STARTS.items():
+        shipped = warmstart.shipped_warm_start_dir(name)
+        assert shipped.is_dir() is bool(spec.lora_rank), name
+        if not spec.lora_rank:
+            continue
+        record = _record(str(shipped))
+        assert record["fingerprint"] == warmstart.fingerprint(spec), (
+            "the shipped warm start is stale: rebuild it with python benchmarks/build_warm_start.py")
+        adapter = shipped / "adapter_model.safetensors"
+        assert adapter.stat().st_size <= 20e6  # small enough for the wheel
+        config = json.loads((shipped / "adapter_config.json").read_text())
+        assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (
+            spec.lora_rank, spec.lora_alpha, spec.base_model)
+        with safe_open(str(adapter), "pt") as tensors:
+            assert {tensors.get_slice(k).get_dtype() for k in tensors.keys()} == {"F16"}
+
+
+def test_a_matching_shipped_adapter_is_installed_without_training(tiny_warm_start, tiny_model_dir, monkeypatch, tmp_path):
+    """A LoRA warm start built once (as ``benchmarks/build_warm_start.py`` builds the shipped one) installs into an
+    empty cache from its adapter alone, with the weights the build gave; a changed setting falls back to a build."""
+    import torch
+
+    lora = replace(tiny_warm_start, lora_rank=4, lora_alpha=8)
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, lora)
+    built = Path(resolve_model_path(NAME, bf16=False))
+    shipped = tmp_path / "package" / "tiny-pick-and-place"
+    shipped.mkdir(parents=True)
+    # What the rebuild script ships: the build's adapter and record (a build leaves them in its work folder, so
+    # rebuild them here through the same functions).
+    trained = AutoModelForCausalLM.from_pretrained(built)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert any((a - b).abs().max() > 0 for a, b in zip(trained.parameters(), base.parameters()))
+    examples = warmstart.train_warm_start(lora, tmp_path / "model", tmp_path / "games", bf16=False, adapter_dir=shipped)
+    (shipped / "warm_start.json").write_text(json.dumps({"name": NAME, "fingerprint": warmstart.fingerprint(lora),
+                                                          "examples": examples}))
+    monkeypatch.setattr(warmstart, "_SHIPPED", tmp_path / "package")
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "fresh-cache"))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a matching shipped adapter must not be retrained")
+
+    monkeypatch.setattr(warmstart, "train_warm_start", no_training)
+    installed = Path(resolve_model_path(NAME))
+    assert _record(str(installed))["installed_from"] == "package"
+    for ours, theirs in zip(AutoModelForCausalLM.from_pretrained(installed).parameters(), trained.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)  # same seed, same code: the same weights
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(lora, learning_rate=2e-3))
+    with pytest.raises(AssertionError, match="must not be retrained"):
+        resolve_model_path(NAME)  # the shipped fingerprint no longer matches: a build, not an install

@@ -45,6 +45,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
+from ..precision import resolve_config_precision
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
@@ -165,6 +166,7 @@ class AgentGRPOConfig(GRPOConfig):
                 f"{self.num_generations}. Set num_generations: 2 or more."
             )
         adopt_activation_checkpointing(self)
+        resolve_config_precision(self)  # before TRL's, which makes an unset bf16 True
         try:
             super().__post_init__()
         except ValueError as error:

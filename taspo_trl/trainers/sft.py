@@ -26,6 +26,7 @@ import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
 from ..envs import get_env_factory
+from ..precision import resolve_config_precision
 from ..envs.base import PromptTemplate, encode_task_prompt, task_spec_from_row
 from ..privileged.analyzers import RuleBasedAnalyzer
 from ..privileged.builder import build_group_pi
@@ -108,6 +109,7 @@ class AgentSFTConfig(SFTConfig):
 
     def __post_init__(self):
         adopt_activation_checkpointing(self)
+        resolve_config_precision(self)  # before TRL's, which makes an unset bf16 True
         super().__post_init__()
         if self.demonstrations_per_task < 1:
             raise ValueError(f"demonstrations_per_task must be at least 1, got {self.demonstrations_per_task}.")
