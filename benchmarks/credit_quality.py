@@ -79,6 +79,7 @@ from taspo_trl.envs.search import search_task_rows
 from taspo_trl.envs.search.progress import search_progress
 from taspo_trl.envs.webshop import webshop_task_rows
 from taspo_trl.envs.webshop.progress import webshop_distances, webshop_progress
+from taspo_trl.precision import choose_precision
 from taspo_trl.provenance import provenance
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
@@ -452,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  args.seed)
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
-        "precision": "bf16 autocast" if args.bf16 else "float32",
+        "precision": choose_precision(args.bf16, use_cpu=True).description,
         "warm_start_fingerprint": warm_start_fingerprint(model),
         "batch": _batch_summary(advantages, won, labels),
         "seconds": [batch["seconds"] for batch in batches],

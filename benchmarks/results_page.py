@@ -65,7 +65,7 @@ def credit_quality(result: dict[str, Any]) -> str:
     """Per method, the AUC of the action weights against the planner's progress labels."""
     summary = result["batch"]
     settings = result["settings"]
-    precision = "bf16 autocast" if settings.get("bf16") else "float32"
+    precision = result.get("precision") or ("bf16 autocast" if settings.get("bf16") else "float32")
     lines = [
         f"{settings['batches']} batches of {settings['siblings']} siblings ({summary['trajectories']} trajectories, "
         f"{summary['won']} won, {summary['nonzero_advantage']} with a non-zero advantage), {settings['group_size']} "
