@@ -105,30 +105,35 @@ def check_files(root: Path, expected: Expected, signed: dict[str, list[int]], fu
     return None, resigned
 
 
-def record_hashes(record: list[tuple[str, str, str]]) -> Expected:
-    """``Expected`` from a wheel's ``RECORD`` rows ``(path, "sha256=<urlsafe base64>", size)``; rows without a
-    hash (``RECORD`` itself, compiled files) are left out."""
+def check_installed_files(distribution: str, folder: Path, signatures: Path) -> str | None:
+    """Check the files under ``folder`` that the installed package ``distribution`` shipped against the sizes and
+    SHA-256 hashes of its wheel's ``RECORD`` (the package's own manifest), or None when they match or the package
+    recorded none. The stat signatures of the last full check are kept in the file ``signatures`` (outside the
+    package, which may be read-only)."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    root = Path(str(dist.locate_file(""))).resolve()
     expected = {}
-    for name, hashed, size in record:
-        if hashed.startswith("sha256=") and size:
-            digest = base64.urlsafe_b64decode(hashed[len("sha256="):] + "==").hex()
-            expected[name] = (int(size), digest)
-    return expected
-
-
-def read_signatures(path: Path) -> dict[str, list[int]]:
+    for file in dist.files or []:
+        path = Path(str(dist.locate_file(file))).resolve()
+        if file.hash is not None and file.hash.mode == "sha256" and file.size and folder.resolve() in path.parents:
+            expected[str(path.relative_to(root))] = (int(file.size), base64.urlsafe_b64decode(file.hash.value + "==").hex())
     try:
-        return dict(json.loads(path.read_text()))
+        signed = dict(json.loads(signatures.read_text()))
     except (OSError, ValueError, TypeError):
-        return {}
-
-
-def write_signatures(path: Path, signed: dict[str, list[int]]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, signed)
-    except OSError:
-        pass  # nowhere to remember them: the hashes are checked again next time
+        signed = {}
+    problem, resigned = check_files(root, expected, signed)
+    if problem is None and resigned != signed:
+        try:
+            signatures.parent.mkdir(parents=True, exist_ok=True)
+            _write_json(signatures, resigned)
+        except OSError:
+            pass  # nowhere to remember them: the hashes are checked again next time
+    return problem
 
 
 def safetensors_problem(path: Path) -> str | None:

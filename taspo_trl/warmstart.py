@@ -8,7 +8,8 @@ some games, so RL groups hold both successes and failures.
 It is built on first use, like the GGUF conversion of the base model, into the model cache
 (``$TASPO_TRL_CACHE/models``): a progress bar while it trains, an atomic rename when it is done, and a
 fingerprint file that makes a later use rebuild it when its settings, the code that produces its data, or the
-library versions change. Concurrent first uses (the ranks of one launch) wait on a lock while one builds.
+library versions change, and a manifest (``cache_manifest``) that makes it rebuild, with a warning, when a file
+of it is cut off or changed. Concurrent first uses (the ranks of one launch) wait on a lock while one builds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cache_manifest import adopt_or_check, write_manifest
 from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
 
 _FINGERPRINT_FILE = "warm_start.json"
@@ -164,12 +166,16 @@ def resolve_warm_start(name: str) -> str:
     spec = WARM_STARTS[name.strip().lower()]
     target = warm_start_dir(name)
     wanted = fingerprint(spec)
-    if _current(target, wanted):
+    if _current(target, wanted) and adopt_or_check(target) is None:
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it; wait, then look again
         if not _current(target, wanted):
+            _build(name, spec, target, wanted)
+        elif problem := adopt_or_check(target):  # up to date, but a file of it was cut off or changed
+            print(f"taspo_trl: warning: the warm start {name} is damaged ({problem}); rebuilding it", file=sys.stderr,
+                  flush=True)
             _build(name, spec, target, wanted)
     return str(target)
 
@@ -197,6 +203,7 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object]) 
         seconds = time.perf_counter() - started
         record = {"name": name, "fingerprint": wanted, "examples": examples, "build_seconds": round(seconds, 1)}
         (model_dir / _FINGERPRINT_FILE).write_text(json.dumps(record, indent=2))
+        write_manifest(model_dir)
         model_dir.chmod(0o755)
         stale = owned_temporary_dir(target, kind="stale")
         stale.rmdir()  # only its owner-tagged name is wanted: the old target is renamed onto it
