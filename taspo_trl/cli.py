@@ -26,7 +26,14 @@ import yaml
 
 from .envs import build_task_rows
 from .models import check_model_reference, cpu_computes_bf16
-from .run_contract import RunAlreadyFinished, check_generation_batch, finished_run_message
+from .run_contract import (
+    RunAlreadyFinished,
+    check_generation_batch,
+    check_resume_target,
+    check_run_settings,
+    finished_run_message,
+    run_length_notes,
+)
 from .script_args import (
     SETUP_ERRORS,
     AgentScriptArguments,
@@ -90,9 +97,15 @@ def build_trainer(
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     import_env_module(script_args.env_module, "taspo-train")
     logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
-    finished = finished_run_message(config, _resume_argument(config.resume_from_checkpoint))
+    resume = _resume_argument(config.resume_from_checkpoint)
+    check_resume_target(config.output_dir, resume)
+    finished = finished_run_message(config, resume)
     if finished:
         raise RunAlreadyFinished(finished)
+    if method == "sft":  # the agent configs and trainers check and note these themselves
+        check_run_settings(config)
+        for note in run_length_notes(config):
+            print(f"[taspo-train] note: {note}", file=sys.stderr, flush=True)
 
     name = model_override or model_args.model_name_or_path
     if not name:

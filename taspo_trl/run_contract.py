@@ -56,6 +56,24 @@ def resume_checkpoint(output_dir: str, resume_from_checkpoint: str | bool | None
     return Path(resume_from_checkpoint)
 
 
+def check_resume_target(output_dir: str, resume_from_checkpoint: str | bool | None) -> None:
+    """Refuse a resume with nothing to resume from before any work: transformers finds out only in ``train()``,
+    after the games and the model are loaded.
+
+    Raises:
+        ValueError: ``True`` with no ``checkpoint-N`` in ``output_dir``, or a checkpoint path that is not a folder.
+    """
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return
+    if resume_from_checkpoint is True and resume_checkpoint(output_dir, True) is None:
+        raise ValueError(
+            f"resume_from_checkpoint true, but output_dir {output_dir} holds no checkpoint-N folder to resume from; "
+            "drop --resume_from_checkpoint to start the run, or point --output_dir at the run to resume"
+        )
+    if resume_from_checkpoint is not True and not Path(resume_from_checkpoint).is_dir():
+        raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: no such checkpoint folder")
+
+
 def finished_run_message(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:
     """Why resuming from ``resume_from_checkpoint`` has nothing left to train, or None when it has.
 
@@ -83,3 +101,43 @@ def finished_run_message(args: Any, resume_from_checkpoint: str | bool | None) -
         f"{checkpoint.name} in {checkpoint.parent} is at step {step}, which already meets {budget}: the run is "
         "already finished, nothing to train (raise max_steps or num_train_epochs to train further)"
     )
+
+
+_DEFAULT_EPOCHS = 3.0  # transformers.TrainingArguments.num_train_epochs
+
+
+def check_run_settings(args: Any) -> None:
+    """Refuse a budget that trains no step or more than was asked, and a save setting that never saves.
+
+    Raises:
+        ValueError: ``max_steps 0`` (transformers reads it as unset and trains ``num_train_epochs`` epochs);
+            ``num_train_epochs <= 0`` without a positive ``max_steps`` (0 steps); ``save_strategy best`` without
+            evaluation (it saves only after an evaluation that finds a new best, so never).
+    """
+    if args.max_steps == 0:
+        raise ValueError(
+            f"max_steps 0 does not mean no training: transformers then trains num_train_epochs "
+            f"({args.num_train_epochs:g}) epochs; set max_steps to the number of optimizer steps, or -1 to train "
+            "num_train_epochs epochs"
+        )
+    if args.max_steps < 0 and args.num_train_epochs <= 0:
+        raise ValueError(
+            f"num_train_epochs {args.num_train_epochs:g} with max_steps {args.max_steps} trains 0 steps; set "
+            "num_train_epochs above 0, or max_steps to the number of optimizer steps"
+        )
+    if args.save_strategy == "best" and args.eval_strategy == "no":
+        raise ValueError(
+            "save_strategy best saves a checkpoint only after an evaluation finds a new best, and eval_strategy is "
+            "no: the run would save none; use save_strategy steps (with save_steps) or epoch"
+        )
+
+
+def run_length_notes(args: Any) -> list[str]:
+    """What the run will do differently from what a setting may have meant: ``max_steps`` wins over a
+    ``num_train_epochs`` other than transformers' default (an SFT recipe's epochs, say, with ``--max_steps``)."""
+    if args.max_steps > 0 and float(args.num_train_epochs) != _DEFAULT_EPOCHS:
+        return [
+            f"max_steps {args.max_steps} overrides num_train_epochs {args.num_train_epochs:g}: the run trains "
+            f"{args.max_steps} optimizer steps, however many epochs that is (max_steps -1 trains by epochs)"
+        ]
+    return []

@@ -58,6 +58,15 @@ class AgentScriptArguments:
     )
     env_module: str | None = field(default=None, metadata={"help": "Module that registers your environments."})
 
+    def __post_init__(self) -> None:
+        # A count below 1 would select no task at all (games_per_type 0 generates none) or, through a negative
+        # slice, silently drop tasks from the end (max_tasks -1 keeps all but the last).
+        for name in ("games_per_type", "max_tasks", "retrieval_topk"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                unset = " (or leave it unset for all tasks)" if name == "max_tasks" else ""
+                raise ValueError(f"{name} must be >= 1, got {value}; set --{name} 1 or more{unset}")
+
 
 def resolve_config_argv(argv: list[str], program: str) -> list[str]:
     """``argv`` with the value of ``--config`` made a file path: a file that exists is used as it is, anything

