@@ -26,7 +26,22 @@ import yaml
 
 from .envs import build_task_rows
 from .models import check_model_reference
-from .script_args import SETUP_ERRORS, AgentScriptArguments, import_env_module, one_line_errors, resolve_config_argv
+from .run_contract import (
+    RunAlreadyFinished,
+    check_generation_batch,
+    check_resume_target,
+    check_run_settings,
+    finished_run_message,
+    run_length_notes,
+)
+from .script_args import (
+    SETUP_ERRORS,
+    AgentScriptArguments,
+    check_setting_names,
+    import_env_module,
+    one_line_errors,
+    resolve_config_argv,
+)
 
 logger = logging.getLogger("taspo_trl")
 
@@ -78,9 +93,19 @@ def build_trainer(
     if config_class is BaselineConfig and "--baseline" not in argv:
         argv = [*argv, "--baseline", method]
     parser = TrlParser((AgentScriptArguments, config_class, ModelConfig))
+    check_setting_names(parser, argv)
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     import_env_module(script_args.env_module, "taspo-train")
     logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
+    resume = _resume_argument(config.resume_from_checkpoint)
+    check_resume_target(config.output_dir, resume)
+    finished = finished_run_message(config, resume)
+    if finished:
+        raise RunAlreadyFinished(finished)
+    if method == "sft":  # the agent configs and trainers check and note these themselves
+        check_run_settings(config)
+        for note in run_length_notes(config):
+            print(f"[taspo-train] note: {note}", file=sys.stderr, flush=True)
 
     name = model_override or model_args.model_name_or_path
     if not name:
@@ -99,8 +124,10 @@ def build_trainer(
         **({"quantization_config": quantization} if quantization else {}),
         **(config.model_init_kwargs or {}),
     }
-    model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does
     rows = build_task_rows(config.environment, asdict(script_args), config.max_turns)
+    if method != "sft":  # before the model is resolved: a warm start that is not built yet takes minutes
+        check_generation_batch(config, len(rows))
+    model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
     dataset = Dataset.from_list(rows)
@@ -203,6 +230,9 @@ def train_main(argv: list[str] | None = None) -> None:
     argv, fail = one_line_errors("taspo-train", list(sys.argv[1:] if argv is None else argv))
     try:
         trainer = build_trainer(argv, callbacks=[ProgressPrinter()])
+    except RunAlreadyFinished as finished:  # a re-queued finished job: exit 0, and leave its output alone
+        print(f"[taspo-train] {finished}", flush=True)
+        return
     except SETUP_ERRORS as error:
         fail(error)
     try:

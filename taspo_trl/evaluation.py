@@ -140,6 +140,10 @@ class EvalArguments:
             "repetition_penalty": (self.repetition_penalty > 0, "> 0 (1.0: none)"),
             "env_step_timeout": (self.env_step_timeout > 0, "> 0 seconds"),
             "eval_batch_size": (self.eval_batch_size >= 1, ">= 1"),
+            "max_completion_length": (self.max_completion_length >= 1, ">= 1 (response tokens per turn)"),
+            "max_turns": (self.max_turns is None or self.max_turns >= 1, ">= 1 (or unset: the environment's)"),
+            "max_prompt_tokens": (self.max_prompt_tokens is None or self.max_prompt_tokens >= 1, ">= 1 (or unset)"),
+            "history_window": (self.history_window >= 0, ">= 0"),
             "num_env_workers": (self.num_env_workers >= 0, ">= 0"),
         }
         for name, (ok, rule) in rules.items():
@@ -457,10 +461,11 @@ def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | Non
 def _parse_eval_args(argv: list[str]) -> tuple[EvalArguments, Any]:
     from trl import TrlParser
 
-    from .script_args import AgentScriptArguments, import_env_module, resolve_config_argv
+    from .script_args import AgentScriptArguments, check_setting_names, import_env_module, resolve_config_argv
 
     argv = resolve_config_argv(argv, "taspo-eval")
     parser = TrlParser((AgentScriptArguments, EvalArguments))
+    check_setting_names(parser, argv, check_recipe=False)  # a training recipe's other keys are ignored here
     script_args, args, _ignored_recipe_keys, unknown = parser.parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True
     )

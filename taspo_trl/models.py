@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .cache_manifest import adopt_or_check, structural_problem, write_manifest
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -55,7 +57,8 @@ def resolve_model_path(name_or_path: str) -> str:
     """Return a path or hub id that ``from_pretrained`` can load.
 
     For the embedded name this is a local model directory, converted from the GGUF file on first use
-    (a line on stderr says so). Any other string (hub id or local path) is returned unchanged; the warm-started
+    (a line on stderr says so); a cached conversion is checked against its manifest (``cache_manifest``) and
+    converted again, with a warning, when damaged. Any other string (hub id or local path) is returned unchanged; the warm-started
     policies (``embedded:smollm2-135m-alfworld``) train on top of this module and resolve through
     ``taspo_trl.warmstart.resolve_policy_path``.
 
@@ -65,9 +68,26 @@ def resolve_model_path(name_or_path: str) -> str:
     if not is_embedded(name_or_path):
         return name_or_path
     target = embedded_model_dir()
-    if not (target / _COMPLETE_MARKER).is_file():
-        _convert_atomically(target)
+    if (target / _COMPLETE_MARKER).is_file():
+        problem = adopt_or_check(target)
+        if problem is None:
+            return str(target)
+        print(f"taspo_trl: warning: the cached embedded model is damaged ({problem}); rebuilding it", file=sys.stderr,
+              flush=True)
+        discard_cache_entry(target)
+    _convert_atomically(target)
     return str(target)
+
+
+def discard_cache_entry(target: Path) -> None:
+    """Remove a cache entry: renamed aside first (to an owner-tagged sibling), so no process loads it half-deleted."""
+    stale = owned_temporary_dir(target, kind="stale")
+    stale.rmdir()  # only its owner-tagged name is wanted: the entry is renamed onto it
+    try:
+        os.rename(target, stale)
+    except FileNotFoundError:
+        return  # another process discarded it already
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def check_model_reference(name_or_path: str) -> None:
@@ -77,6 +97,8 @@ def check_model_reference(name_or_path: str) -> None:
 
     Raises:
         FileNotFoundError: naming the reference and what to give instead.
+        OSError: a ``.safetensors`` file of the folder is cut off or its header is damaged, or a JSON file of it
+            does not parse; naming the file.
     """
     name = name_or_path.strip()
     if name.lower().startswith("embedded"):
@@ -88,6 +110,9 @@ def check_model_reference(name_or_path: str) -> None:
                 f"model {name!r} is a folder without config.json; give a folder saved with save_pretrained "
                 "(a trainer's output_dir or checkpoint-N), a Hugging Face model id, or embedded:smollm2-135m-instruct"
             )
+        if problem := structural_problem(path):  # the header only: a cut-off file fails here, not deep in the load
+            raise OSError(f"model {name!r}: {problem}; save it again with save_pretrained (or copy it again), or "
+                          "give another checkpoint")
         return
     if path.exists():
         raise FileNotFoundError(f"model {name!r} is a file; give the folder that holds the model's config.json")
@@ -136,6 +161,7 @@ def _convert_atomically(target: Path) -> None:
     tmp = owned_temporary_dir(target)
     try:
         _export_gguf(gguf_path, tmp)
+        write_manifest(tmp)
         try:
             os.rename(tmp, target)
         except OSError:

@@ -3,11 +3,12 @@ and ``--env_module``."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
@@ -57,6 +58,15 @@ class AgentScriptArguments:
     )
     env_module: str | None = field(default=None, metadata={"help": "Module that registers your environments."})
 
+    def __post_init__(self) -> None:
+        # A count below 1 would select no task at all (games_per_type 0 generates none) or, through a negative
+        # slice, silently drop tasks from the end (max_tasks -1 keeps all but the last).
+        for name in ("games_per_type", "max_tasks", "retrieval_topk"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                unset = " (or leave it unset for all tasks)" if name == "max_tasks" else ""
+                raise ValueError(f"{name} must be >= 1, got {value}; set --{name} 1 or more{unset}")
+
 
 def resolve_config_argv(argv: list[str], program: str) -> list[str]:
     """``argv`` with the value of ``--config`` made a file path: a file that exists is used as it is, anything
@@ -88,6 +98,34 @@ def _check_recipe_shape(path: Path, program: str) -> None:
             f"{program}: --config {path}: a recipe is a YAML mapping of settings (`key: value` lines), "
             f"not a {type(data).__name__}."
         )
+
+
+def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True) -> None:
+    """Refuse a ``--flag`` (and, with ``check_recipe``, a key of the ``--config`` recipe) that names no field of
+    ``parser``'s dataclasses, suggesting the closest real one: TRL's own message lists the unknown names and
+    suggests nothing. A flag that abbreviates exactly one field passes, as argparse accepts it.
+
+    Raises:
+        ValueError: naming the unknown setting, where it came from, and the closest field.
+    """
+    fields = sorted({action.dest for action in parser._actions} - {"help"})
+    flags = [option for action in parser._actions for option in action.option_strings]
+    if check_recipe and "--config" in argv[:-1]:
+        path = argv[argv.index("--config") + 1]
+        recipe = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        for key in recipe:
+            if key != "env" and key not in fields:  # `env:` is TRL's block of environment variables
+                raise ValueError(f"--config {path}: unknown setting {key!r}{_closest(str(key), fields)}")
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--") or flag == "--config" or any(option.startswith(flag) for option in flags):
+            continue
+        raise ValueError(f"unknown flag {flag}{_closest(flag[2:], fields, prefix='--')}")
+
+
+def _closest(name: str, fields: list[str], prefix: str = "") -> str:
+    match = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{match[0]}?" if match else " (--help lists the settings)"
 
 
 def one_line_errors(program: str, argv: list[str]) -> tuple[list[str], Callable[[BaseException], NoReturn]]:

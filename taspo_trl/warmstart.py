@@ -10,8 +10,9 @@ settings and the code that produces its data; ``benchmarks/build_warm_start.py``
 into the base model in the model cache (``$TASPO_TRL_CACHE/models``), in seconds. Where the shipped fingerprint
 does not match (changed settings or data code), first use builds it instead: a progress bar while it trains, in
 the precision the hardware computes fastest unless the caller says otherwise. Either way an atomic rename puts it
-in place, with the fingerprint file that makes a later use reinstall or rebuild it when that changes. Concurrent
-first uses (the ranks of one launch) wait on a lock while one builds.
+in place, with the fingerprint file that makes a later use reinstall or rebuild it when that changes, and a
+manifest (``cache_manifest``) that makes it rebuild, with a warning, when a file of it is cut off or changed.
+Concurrent first uses (the ranks of one launch) wait on a lock while one builds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_manifest import adopt_or_check, write_manifest
 from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
 from .precision import Precision, choose_precision
 
@@ -190,12 +192,16 @@ def resolve_warm_start(name: str, bf16: bool | None = None) -> str:
     spec = WARM_STARTS[name.strip().lower()]
     target = warm_start_dir(name)
     wanted = fingerprint(spec)
-    if _current(target, wanted):
+    if _current(target, wanted) and adopt_or_check(target) is None:
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it; wait, then look again
-        if not _current(target, wanted):
+        problem = adopt_or_check(target) if _current(target, wanted) else "missing or out of date"
+        if problem:  # checked again under the lock: another process may have built it meanwhile
+            if _current(target, wanted):
+                print(f"taspo_trl: warning: the warm start {name} is damaged ({problem}); rebuilding it",
+                      file=sys.stderr, flush=True)
             shipped = shipped_warm_start_dir(name)
             if _current(shipped, wanted):
                 _install_shipped(name, spec, shipped, target)
@@ -253,6 +259,7 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object], 
 def _swap_into_place(model_dir: Path, target: Path, record: dict[str, object]) -> None:
     """Write ``record`` as the fingerprint file of ``model_dir`` and rename it onto ``target``."""
     (model_dir / _FINGERPRINT_FILE).write_text(json.dumps(record, indent=2))
+    write_manifest(model_dir)
     model_dir.chmod(0o755)
     stale = owned_temporary_dir(target, kind="stale")
     stale.rmdir()  # only its owner-tagged name is wanted: the old target is renamed onto it

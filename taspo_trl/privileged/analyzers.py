@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -26,11 +27,14 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ..cache_manifest import text_sha256
 from ..envs.search.env import parse_search_action
 from ..envs.search.scoring import normalize_answer
 from ..envs.webshop.env import BACK_TO_SEARCH, BUY_NOW, NEXT_PAGE, PREV_PAGE, SUB_PAGES
 from ..envs.webshop.env import parse_action as parse_webshop_action
 from .protocol import ELLIPSIS, MAX_STATEMENT_CHARS
+
+logger = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
 
@@ -195,6 +199,9 @@ class OpenAICompatibleAnalyzer:
         text = entry.get("text") if isinstance(entry, dict) else None
         if not isinstance(text, str):
             return None
+        if "sha256" in entry and entry["sha256"] != text_sha256(text):  # entries written before digests have none
+            logger.warning("the cached analyzer answer %s does not match its SHA-256 (changed or damaged); asking again", path)
+            return None
         if text:
             return text
         with self._lock:
@@ -211,7 +218,7 @@ class OpenAICompatibleAnalyzer:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Write then rename, so a concurrent reader or a killed run never sees half an entry.
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False, suffix=".tmp") as handle:
-            json.dump({"model": self.model, "text": text}, handle, ensure_ascii=False)
+            json.dump({"model": self.model, "text": text, "sha256": text_sha256(text)}, handle, ensure_ascii=False)
         os.replace(handle.name, path)
 
 

@@ -17,6 +17,7 @@ with an actionable message.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -72,7 +73,21 @@ def default_model_path() -> Path:
             f"The '{DEFAULT_ENCODER_PIP}' package is installed but its model folder {path} is missing; "
             f"reinstall it (pip install --force-reinstall {DEFAULT_ENCODER_PIP})"
         )
+    _check_shipped_files(path)
     return path
+
+
+@functools.cache
+def _check_shipped_files(path: Path) -> None:
+    """The shipped encoder's files against its wheel's RECORD (``cache_manifest``), once per process: a damaged one
+    cannot be rebuilt here, so it fails in one line naming the file and the reinstall."""
+    from ..cache_manifest import check_installed_files
+    from ..models import cache_root
+
+    problem = check_installed_files(DEFAULT_ENCODER_PIP, path, cache_root() / "verified" / f"{DEFAULT_ENCODER_PIP}.json")
+    if problem:
+        raise OSError(f"the sentence encoder is damaged: {problem}; reinstall it (pip install --force-reinstall "
+                      f"{DEFAULT_ENCODER_PIP})")
 
 
 def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import TrainOutput
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
@@ -54,6 +56,13 @@ from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
+from ..run_contract import (
+    check_generation_batch,
+    check_run_settings,
+    finished_run_message,
+    resume_checkpoint,
+    run_length_notes,
+)
 from .packing import merge, micro_batch_sizes, repack
 from .sampling import EpochReplaySampler
 from .step import LastStep, StepView
@@ -172,6 +181,7 @@ class AgentGRPOConfig(GRPOConfig):
         except ValueError as error:
             raise ValueError(f"{error}{self._batch_fix()}") from None
         self._check_counts()
+        check_run_settings(self)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}.")
         if not self.env_step_timeout > 0:
@@ -206,7 +216,7 @@ class AgentGRPOConfig(GRPOConfig):
         """The agent settings that are counts or sizes: a bad one fails here, not at the first rollout."""
         minimums = {
             "history_window": 0, "max_prompt_tokens": 1, "env_workers": 0, "skill_top_k": 1, "prompt_skill_top_k": 1,
-            "max_turns": 1, "rollout_batch_size": 1, "rescore_batch_size": 1,
+            "max_turns": 1, "rollout_batch_size": 1, "rescore_batch_size": 1, "max_completion_length": 1,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)
@@ -320,6 +330,10 @@ class AgentGRPOTrainer(GRPOTrainer):
         # TRL's environment_factory runs through our agent loop, wrapped into our protocol, never TRL's tool loop.
         environment_factory = kwargs.pop("environment_factory", None)
         refuse_ignored_trainer_arguments(kwargs, args, train_dataset, environment_factory, env_factory)
+        if train_dataset is not None and hasattr(train_dataset, "__len__"):  # before the model loads
+            check_generation_batch(args, len(train_dataset))
+        for note in run_length_notes(args):
+            logger.warning(note)
         trl_env = TRLStyleEnvFactory(environment_factory) if environment_factory is not None else None
         if trl_env is not None:
             train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)
@@ -344,6 +358,20 @@ class AgentGRPOTrainer(GRPOTrainer):
         self._env_error_streak = 0
         self.last_step = LastStep()  # the latest step's record, for inspection (notebooks, tests)
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
+        """`Trainer.train`, except that resuming from a checkpoint at or past the budget (`max_steps`, or the
+        epochs) trains nothing: it says so, loads that checkpoint's weights and state (so `save_model` saves the
+        finished model) and returns at once, where transformers would train one step more."""
+        finished = finished_run_message(self.args, resume_from_checkpoint)
+        if finished is None:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        logger.warning(finished)
+        checkpoint = resume_checkpoint(self.args.output_dir, resume_from_checkpoint)
+        self.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):  # those load weights inside the training loop
+            self._load_from_checkpoint(str(checkpoint))
+        return TrainOutput(self.state.global_step, float("nan"), {})
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochReplaySampler:
         # TRL's sampler, with the per-epoch shuffle that resume_from_checkpoint needs (see sampling.py)

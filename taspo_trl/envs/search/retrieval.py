@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from ...cache_manifest import check_folder, write_manifest
 from ...jsonl import read_json_objects
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ class BM25Retriever:
 
     The index is built once per corpus content and cached under ``cache_root()/search/bm25-<hash>``; the cache
     directory appears through an atomic rename, so concurrent builders never see a half-written index. A cached
-    index that cannot be loaded (a damaged file, another corpus's documents) is rebuilt with a warning.
+    index that does not match its manifest (``taspo_trl.cache_manifest``: a file cut off, changed or missing) or
+    cannot be loaded (another corpus's documents) is rebuilt with a warning.
     """
 
     def __init__(self, corpus_path: str | Path | None = None, cache_dir: str | Path | None = None) -> None:
@@ -129,6 +131,8 @@ class BM25Retriever:
     def _load(self) -> Any:
         import bm25s
 
+        if problem := check_folder(self.index_dir):
+            raise ValueError(problem)
         index = bm25s.BM25.load(str(self.index_dir), show_progress=False)
         if index.scores.get("num_docs") != len(self.documents):  # it would answer with ids past the corpus
             raise ValueError(f"it indexes {index.scores.get('num_docs')} documents, the corpus has {len(self.documents)}")
@@ -153,6 +157,7 @@ class BM25Retriever:
         staging = Path(tempfile.mkdtemp(prefix=".bm25-", dir=root))
         try:
             index.save(str(staging), show_progress=False)
+            write_manifest(staging)
             os.rename(staging, self.index_dir)
         except OSError:
             # Another process finished the same index first; theirs is identical.
