@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Mutation score of the credit path, one module at a time, with mutmut (pip install mutmut; 3.x).
+#
+#   benchmarks/mutation.sh MODULE [TEST_FILE ...]
+#   e.g. benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py
+#
+# Not part of the default test run. The [mutmut] section of setup.cfg holds the whole-path configuration
+# (`mutmut run` there mutates every module of the credit path against the tests that cover it, hours on a
+# 2-core box); this script mutates MODULE only, against TEST_FILEs only (default: the [mutmut] test selection),
+# in a scratch copy of the tracked files, so the working tree is left alone and modules can run one after
+# another (or on different machines). It prints mutmut's per-mutant results and writes
+# benchmarks/results/mutation_<module>.json: killed / survived / other counts, the score, and each survivor's
+# changed lines (`mutmut show`).
+set -euo pipefail
+module=${1:?usage: benchmarks/mutation.sh MODULE [TEST_FILE ...]}
+shift
+repo=$(cd "$(dirname "$0")/.." && pwd)
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+cd "$repo"
+git ls-files -z | xargs -0 cp -a --parents -t "$scratch"
+cd "$scratch"
+tests=("$@")
+python - "$module" "${tests[@]}" <<'EOF'
+import configparser, sys
+module, tests = sys.argv[1], sys.argv[2:]
+config = configparser.ConfigParser()
+config.read("setup.cfg")
+config["mutmut"]["only_mutate"] = module
+if tests:
+    config["mutmut"]["pytest_add_cli_args_test_selection"] = "\n".join(tests)
+with open("setup.cfg", "w") as handle:
+    config.write(handle)
+EOF
+unset PYTHONPATH  # mutmut puts its mutated copy first on sys.path
+nice mutmut run --max-children "${MUTMUT_CHILDREN:-1}" > run.log 2>&1 || { tail -c 3000 run.log; true; }
+tail -c 300 run.log | tr '\r' '\n' | tail -2
+mutmut results --all true > results.txt || true
+name=$(basename "$module" .py)
+python - "$module" "$repo/benchmarks/results/mutation_${name}.json" "${tests[@]}" <<'EOF'
+import collections, json, subprocess, sys
+module, out, tests = sys.argv[1], sys.argv[2], sys.argv[3:]
+status = {}
+for line in open("results.txt"):
+    if ":" in line:
+        name, result = line.rsplit(":", 1)
+        status[name.strip()] = result.strip()
+counts = collections.Counter(status.values())
+killed, survived = counts.get("killed", 0), counts.get("survived", 0)
+report = {
+    "module": module,
+    "tests": tests or "setup.cfg [mutmut] pytest_add_cli_args_test_selection",
+    "counts": dict(counts),
+    "score": killed / max(killed + survived, 1),
+    "survivors": {
+        name: subprocess.run(["mutmut", "show", name], capture_output=True, text=True).stdout.strip().splitlines()[-4:]
+        for name, result in sorted(status.items())
+        if result == "survived"
+    },
+}
+with open(out, "w") as handle:
+    json.dump(report, handle, indent=2)
+print(json.dumps({k: report[k] for k in ("module", "counts", "score")}))
+EOF
