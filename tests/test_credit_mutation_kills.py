@@ -145,3 +145,61 @@ def test_privileged_token_shifts_by_hand(action_only):
     for key, value in expected.items():
         assert shifts[key].dtype == torch.float64
         torch.testing.assert_close(shifts[key], value, atol=1e-6, rtol=0)
+
+
+def test_score_continuations_chunks_rows_of_similar_length_and_pads_only_to_min_rows():
+    """Rows go through in order of length, eight per forward by default, each chunk padded to its own longest
+    prompt and continuation; no padding row unless ``min_rows`` asks for it."""
+    from taspo_trl.privileged.rescoring import score_continuations
+
+    # total lengths 10, 2, 9, 3, ..., so sorting interleaves the list; prompt and continuation lengths differ
+    pairs = [([1] * (k + 1), [2] * (10 - k if k % 2 == 0 else k + 1)) for k in range(10)]
+    shapes: list = []
+
+    def record(input_ids, attention, keep):
+        shapes.append((tuple(input_ids.shape), keep, sorted(set(input_ids[attention == 0].tolist()))))
+        return fake_logprobs(input_ids, attention, keep)
+
+    scored = score_continuations(pairs, record, pad_token_id=7)
+    order = sorted(range(10), key=lambda k: len(pairs[k][0]) + len(pairs[k][1]))
+    want = []
+    for chunk in (order[:8], order[8:]):
+        width_p = max(len(pairs[k][0]) for k in chunk)
+        width_c = max(len(pairs[k][1]) for k in chunk)
+        want.append(((len(chunk), width_p + width_c), width_c))
+    assert [(shape, keep) for shape, keep, _ in shapes] == want
+    assert all(fill in ([], [7]) for *_, fill in shapes)  # padding is the pad token
+    assert len(scored) == 10
+    for (prompt, continuation), values in zip(pairs, scored):
+        torch.testing.assert_close(values, hand_logprobs(prompt, continuation))
+    shapes.clear()
+    assert score_continuations([], record, pad_token_id=7) == [] and shapes == []
+    assert len(score_continuations([], record, pad_token_id=7, min_rows=2)) == 2
+    assert shapes[0][0] == (2, 2) and shapes[0][2] == []  # two one-token rows of the pad token, fully attended
+
+
+def test_privileged_token_shifts_defaults_and_its_scoring_settings():
+    """The defaults: action spans only, no padding rows, eight rows per forward; ``pad_token_id``, ``min_rows`` and
+    ``batch_size`` reach the scorer."""
+    from taspo_trl.privileged.rescoring import privileged_token_shifts
+    from taspo_trl.rollout.layouts import build_rows
+    from trl.trainer.utils import pad
+
+    chat = CharChat()
+    trajectories = [_trajectory([_turn(f"t{k}", [11 + k, 12, 13], (1, 3)) for k in range(9)])]
+    rows = build_rows(trajectories, "turn", pad_token_id=0)
+    plain = pad([hand_logprobs(p, c) for p, c in zip(rows.prompt_ids, rows.completion_ids)], 0.0, "right")
+    calls: list = []
+
+    def record(input_ids, attention, keep):
+        pad_rows = sum(bool((row[mask == 1] == 5).all()) for row, mask in zip(input_ids, attention))
+        calls.append((input_ids.size(0), pad_rows))
+        return fake_logprobs(input_ids, attention, keep)
+
+    shifts = privileged_token_shifts(rows, trajectories, ["P"], chat, record, plain, 5)
+    assert [n for n, _ in calls] == [8, 1] and sorted(shifts) == [(0, t) for t in range(9)]
+    assert all(value.numel() == 2 for value in shifts.values())  # the action span (1, 3), not the response
+    calls.clear()
+    privileged_token_shifts(rows, trajectories, ["P"], chat, record, plain, 5, min_rows=12, batch_size=5)
+    assert [n for n, _ in calls] == [5, 5, 2]
+    assert sum(pads for _, pads in calls) == 3  # three padding rows of the pad token alone
