@@ -3,6 +3,11 @@
 #
 #   benchmarks/mutation.sh MODULE [TEST_FILE ...]
 #   e.g. benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py
+#   LABEL=after SURVIVORS_OF=benchmarks/results/mutation_taspo_before.json \
+#       benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py tests/test_credit_mutation_kills.py
+#
+# LABEL names the result (mutation_<module>_<LABEL>.json). SURVIVORS_OF reruns only the survivors of an earlier
+# result against the (larger) test selection and adds the earlier kills: adding tests cannot revive a mutant.
 #
 # Not part of the default test run. The [mutmut] section of setup.cfg holds the whole-path configuration
 # (`mutmut run` there mutates every module of the credit path against the tests that cover it, hours on a
@@ -33,20 +38,32 @@ with open("setup.cfg", "w") as handle:
     config.write(handle)
 EOF
 unset PYTHONPATH  # mutmut puts its mutated copy first on sys.path
-nice mutmut run --max-children "${MUTMUT_CHILDREN:-1}" > run.log 2>&1 || { tail -c 3000 run.log; true; }
+survivors=()
+if [[ -n "${SURVIVORS_OF:-}" ]]; then
+  mapfile -t survivors < <(python -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["survivors"]))' "$repo/$SURVIVORS_OF")
+fi
+nice mutmut run --max-children "${MUTMUT_CHILDREN:-1}" "${survivors[@]}" > run.log 2>&1 || { tail -c 3000 run.log; true; }
 tail -c 300 run.log | tr '\r' '\n' | tail -2
 mutmut results --all true > results.txt || true
-name=$(basename "$module" .py)
-python - "$module" "$repo/benchmarks/results/mutation_${name}.json" "${tests[@]}" <<'EOF'
+name=$(basename "$module" .py)${LABEL:+_$LABEL}
+python - "$module" "$repo/benchmarks/results/mutation_${name}.json" "${SURVIVORS_OF:+$repo/$SURVIVORS_OF}" "${tests[@]}" <<'EOF'
 import collections, json, subprocess, sys
-module, out, tests = sys.argv[1], sys.argv[2], sys.argv[3:]
+module, out, earlier, tests = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 status = {}
 for line in open("results.txt"):
     if ":" in line:
         name, result = line.rsplit(":", 1)
         status[name.strip()] = result.strip()
+if earlier:  # only the earlier survivors ran; the rest keep the earlier result
+    before = json.load(open(earlier))
+    status = {name: result for name, result in status.items() if name in before["survivors"]}
 counts = collections.Counter(status.values())
-killed, survived = counts.get("killed", 0), counts.get("survived", 0)
+if earlier:
+    for result, n in before["counts"].items():
+        if result != "survived":
+            counts[result] += n
+killed = counts.get("killed", 0) + counts.get("timeout", 0)  # a mutant that hangs the tests is detected
+survived = counts.get("survived", 0)
 report = {
     "module": module,
     "tests": tests or "setup.cfg [mutmut] pytest_add_cli_args_test_selection",
