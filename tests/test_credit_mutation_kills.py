@@ -235,6 +235,12 @@ def test_taspo_argument_errors_name_the_bad_value():
             taspo.taspo_weights([0.1, 0.2], 1.0, eps_w=eps_w)
         with pytest.raises(ValueError, match="eps_w"):
             taspo.mean_one_weights(torch.zeros(2), eps_w=eps_w)
+    # refused in the fallbacks too (one scorable turn or token, none at all), where Eq. 6 never runs
+    for scores, shifts in (([0.1], [[0.1]]), ([None, None], [None, None])):
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.taspo_weights(scores, 1.0, eps_w=1.0)
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.taspo_token_weights(shifts, 1.0, eps_w=1.5)
     with pytest.raises(ValueError, match="kappa"):  # checked even when no turn has shifts
         taspo.taspo_token_weights([None, None], 1.0, kappa=-1.0)
 
