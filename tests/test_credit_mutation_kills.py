@@ -198,6 +198,7 @@ def test_privileged_token_shifts_defaults_and_its_scoring_settings():
         calls.append((input_ids.size(0), pad_rows))
         return fake_logprobs(input_ids, attention, keep)
 
+    assert privileged_token_shifts(rows, trajectories, [""], chat, record, plain, 5) == {} and calls == []  # no PI: no pass
     shifts = privileged_token_shifts(rows, trajectories, ["P"], chat, record, plain, 5)
     assert [n for n, _ in calls] == [8, 1] and sorted(shifts) == [(0, t) for t in range(9)]
     assert all(value.numel() == 2 for value in shifts.values())  # the action span (1, 3), not the response
