@@ -144,7 +144,7 @@ def _expected_turn_rows(trajectories, advantages_per_turn) -> list[tuple[tuple, 
         assert len(per_turn) == trajectory.num_turns
         for turn, advantage in zip(trajectory.turns, per_turn, strict=True):
             n = len(turn.response_ids)
-            values = torch.as_tensor(advantage, dtype=torch.float64).expand(n) if not isinstance(advantage, list) else torch.tensor(advantage, dtype=torch.float64)
+            values = torch.tensor(advantage if isinstance(advantage, list) else [advantage] * n, dtype=torch.float64)
             assert values.numel() == n
             balance = torch.full((n,), 1.0 / (trajectory.num_turns * n), dtype=torch.float64)
             out.append(((tuple(turn.prompt_ids), tuple(turn.response_ids)), values.clone(), balance))
@@ -182,10 +182,13 @@ def _assert_loss_received(seen, expected) -> None:
         assert candidates, f"the loss got a row that is no turn of the batch ({len(key[1])} completion tokens)"
         # identical rows (two siblings' equal first turns) tell apart by their trajectory's Eq. 7 weight
         same_weight = [k for k in candidates if torch.allclose(balance, unmatched[k][2], atol=1e-7, rtol=1e-5)]
-        assert same_weight, f"Eq. 7 weights {balance[0].item():.6g} on a row, want one of {[unmatched[k][2][0].item() for k in candidates]}"
+        wanted = [unmatched[k][2][0].item() for k in candidates]
+        assert same_weight, f"Eq. 7 weights {balance[0].item():.6g} on a row, want one of {wanted}"
         errors = [(unmatched[k][1] - advantages).abs().max().item() for k in same_weight]
         best = same_weight[min(range(len(same_weight)), key=errors.__getitem__)]
-        assert min(errors) <= ATOL, f"advantages off by {min(errors):.3g}: got {advantages.tolist()[:4]}..., want {unmatched[best][1].tolist()[:4]}..."
+        assert min(errors) <= ATOL, (
+            f"advantages off by {min(errors):.3g}: got {advantages.tolist()[:4]}..., want {unmatched[best][1].tolist()[:4]}..."
+        )
         unmatched.pop(best)
     assert all(torch.all(values == 0) for _, values, _ in unmatched), "a row with credit never reached the loss"
 
@@ -195,7 +198,8 @@ def _assert_loss_received(seen, expected) -> None:
 
 
 def _prompt_ids(tokenizer, user_text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": user_text}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    messages = [{"role": "user", "content": user_text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
 _LOGPROBS: dict[tuple, torch.Tensor] = {}
@@ -332,7 +336,9 @@ def test_taspo_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, monkey
     """TASPO's A_i w_it (action level: one weight per turn; token level: one per action token) on every response
     token, as TRL's loss receives them; a failed trajectory's credit is ordered by sign(A) d; and the test would
     see tau and eps_w swapped."""
-    trainer = _trainer(TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, game, layout=layout, allocation_unit=unit, **TASPO_SETTINGS)
+    trainer = _trainer(
+        TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, game, layout=layout, allocation_unit=unit, **TASPO_SETTINGS
+    )
     seen = _train_one_step(trainer, game, monkeypatch)
     trajectories, pi = trainer.last_step.trajectories, trainer.last_step.privileged_info
     assert [t.won for t in trajectories] == [True, True, False, False]
