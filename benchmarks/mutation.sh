@@ -10,12 +10,12 @@
 # result against the (larger) test selection and adds the earlier kills: adding tests cannot revive a mutant.
 #
 # Not part of the default test run. The [mutmut] section of setup.cfg holds the whole-path configuration
-# (`mutmut run` there mutates every module of the credit path against the tests that cover it, hours on a
+# (`mutmut run` there mutates every module of the credit path against the tests that cover it: too long for a
 # 2-core box); this script mutates MODULE only, against TEST_FILEs only (default: the [mutmut] test selection),
-# in a scratch copy of the tracked files, so the working tree is left alone and modules can run one after
-# another (or on different machines). It prints mutmut's per-mutant results and writes
-# benchmarks/results/mutation_<module>.json: killed / survived / other counts, the score, and each survivor's
-# changed lines (`mutmut show`).
+# in a scratch copy of the tracked files (as they are in the working tree), which it leaves alone, so modules
+# can run one after another or on different machines. It prints the summary and writes
+# benchmarks/results/mutation_<module>[_<LABEL>].json: the counts, the score (killed and timed-out over killed,
+# timed-out and survived), and each survivor's changed lines (`mutmut show`).
 set -euo pipefail
 module=${1:?usage: benchmarks/mutation.sh MODULE [TEST_FILE ...]}
 shift
