@@ -268,3 +268,12 @@ def test_taspo_token_level_counts_and_clips_every_scored_turn():
     weights = taspo.taspo_token_weights([[0.5, 3.0]], 1.0, c_delta=1.0, tau=1.0, eps_w=0.4)
     q = math.tanh(0.25)  # centred clipped scores -0.25, +0.25
     assert torch.cat(weights).tolist() == pytest.approx([1 - 0.2 * q, 1 + 0.2 * q])
+
+
+def test_turn_row_scales_errors_name_the_bad_value():
+    from taspo_trl.credit.normalization import turn_row_scales
+
+    with pytest.raises(ValueError, match=r"^num_trajectories must be > 0, got 0$"):
+        turn_row_scales([1, 2], 0)
+    with pytest.raises(ValueError, match=r"^a real row needs T_i >= 1, got 0$"):
+        turn_row_scales([2, 0, None], 2)
