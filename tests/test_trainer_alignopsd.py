@@ -180,6 +180,10 @@ def test_alignopsd_step_on_alfworld(tmp_path, tiny_model_dir, pick_game, monkeyp
         assert w.mean().item() == pytest.approx(1.0, abs=1e-9)  # the token budget: sum_t n_t w_t = N
         redistributed += not torch.all(w == 1.0)
     assert redistributed >= 2
+    # The step line's weight range is the range of these weights (per token in ablation B).
+    flat = [x for weights in trainer.last_step.weights for tw in weights for x in (tw if isinstance(tw, list) else [tw])]
+    assert (logged["credit/weight_min"], logged["credit/weight_max"]) == pytest.approx((min(flat), max(flat)))
+    assert logged["credit/weight_min"] < 1.0 < logged["credit/weight_max"]
 
 
 def _one_step(trainer, game, monkeypatch) -> StepView:

@@ -266,6 +266,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
         self.last_step.weights, self.last_step.spans = weights, spans
         self.last_step.skill_texts = contexts[first : first + local]
+        self._log_weight_range(weights, "train" if self.model.training else "eval")
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
         return [
             [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
