@@ -46,6 +46,8 @@ SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "trl.models.prepare_deepspeed": (("model", "accelerator"), ()),
     "trl.GRPOTrainer._save_checkpoint": (("self", "model"), ("trial",)),  # the env error-rate guard saves first
     "trl.GRPOTrainer._get_train_sampler": (("self", "dataset"), ()),  # wrapped in trainers/grpo.py (sampling.py)
+    # a resume at or past max_steps loads the checkpoint's weights and returns without training (trainers/grpo.py)
+    "trl.GRPOTrainer._load_from_checkpoint": (("self", "resume_from_checkpoint"), ()),
 }
 
 # (class or function, method of it or of a base class, name it must reference): how TRL reaches an override, or
