@@ -8,7 +8,9 @@ from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from toy_envs import locker_factory
 
+import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
+from taspo_trl.testing import PlannedGenerator
 
 
 def _dataset(n_tasks: int = 2) -> Dataset:
@@ -48,32 +50,46 @@ def test_recomputed_logprobs_match_sampling_logprobs(tmp_path, tiny_model_dir, l
     assert batch["num_items_in_batch"].item() == pytest.approx(sum(1 for t in trajectories if t.turns))
 
 
+LOCKER_PLANS = [  # the locker task of ``_dataset(1)`` (target 1): two siblings win, two never find the key
+    ["open locker 1"],
+    ["open locker 4", "open locker 1"],
+    ["open locker 2", "open locker 3", "open locker 5"],
+    [None, "open locker 2", None],
+]
+
+
 @pytest.mark.parametrize("layout,use_peft", [("turn", False), ("sequence", False), ("turn", True)])
-def test_trains_one_step(tmp_path, tiny_model_dir, layout, use_peft):
+def test_trains_one_step(tmp_path, tiny_model_dir, monkeypatch, layout, use_peft):
+    """One optimizer step on a group with wins and failures (scripted actions, the policy's real log-probs): the
+    outcome advantages are non-zero, so the trained parameters (LoRA's only, with PEFT) must move."""
     from peft import LoraConfig
 
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if use_peft else None
     trainer = AgentGRPOTrainer(
         model=tiny_model_dir,
         args=_config(tmp_path, layout, beta=0.01 if use_peft else 0.0),
-        train_dataset=_dataset(),
+        train_dataset=_dataset(1),
         env_factory=locker_factory,
         peft_config=peft_config,
     )
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, LOCKER_PLANS)
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     try:
         trainer.train()
     finally:
         trainer.close()
     logged = trainer.state.log_history[0]
-    assert "success/all" in logged and "reward" in logged and torch.isfinite(torch.tensor(logged["loss"]))
+    assert [t.won for t in trainer.last_step.trajectories] == [True, True, False, False]
+    assert logged["success/all"] == 0.5 and logged["reward_std"] > 0
+    assert torch.isfinite(torch.tensor(logged["loss"]))
     after = dict(trainer.model.named_parameters())
     changed = [n for n, p in before.items() if not torch.equal(p, after[n].detach())]
-    # trained parameters move unless every group had identical rewards (all-zero advantages)
-    if logged["reward_std"] > 0:
-        assert changed
-    if use_peft:
-        assert all("lora" in n for n in before)
+    if use_peft:  # LoRA's B starts at 0, so A's gradient is 0 at the first step; B must move
+        assert before and all("lora" in n for n in before)
+        assert {n for n in before if "lora_B" in n} <= set(changed)
+    else:
+        assert changed == list(before)  # every trained tensor gets a gradient from the policy tokens
 
 
 def test_config_errors_name_the_fix(tmp_path):

@@ -7,6 +7,7 @@ recorded log-probability is the policy's real one, so the privileged rescoring i
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -75,11 +76,20 @@ def test_taspo_redistributes_credit_within_bounds(tmp_path, tiny_model_dir, pick
         assert w.mean().item() == pytest.approx(1.0, abs=1e-12)
         redistributed += not torch.all(w == 1.0)
     assert redistributed >= 2
-    # every policy token of turn t carries A_i * w_it: the sign never flips
-    advantages = batch["advantages"][batch["tool_mask"] > 0]
-    assert torch.all(advantages[advantages != 0].abs() > 0)
     rewards = torch.tensor([t.reward for t in trajectories])
     expected_a = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    # Every policy token carries A_i w_it with w_it in [0.6, 1.4]: the sign of its trajectory's A_i, never 0 here
+    # (all four A_i are +-0.866), and at most eps_w away from A_i in relative size.
+    rows = build_rows(trajectories, layout)
+    checked = 0
+    for r, traj in enumerate(rows.row_trajectory):
+        policy = batch["tool_mask"][r][: len(rows.completion_ids[r])] > 0
+        values = batch["advantages"][r][: len(rows.completion_ids[r])][policy]
+        a = expected_a[traj].item()
+        assert torch.all(torch.sign(values) == math.copysign(1.0, a)), (r, traj)
+        assert torch.all((values.abs() >= 0.6 * abs(a) - 1e-5) & (values.abs() <= 1.4 * abs(a) + 1e-5)), (r, traj)
+        checked += int(policy.sum())
+    assert checked == sum(len(turn.response_ids) for t in trajectories for turn in t.turns)
     for i, weights in enumerate(trainer.last_step.weights):
         # Eq. 1: the turn average of A_i w_it is A_i
         assert sum(expected_a[i].item() * w for w in weights) / len(weights) == pytest.approx(expected_a[i].item(), rel=1e-5)
