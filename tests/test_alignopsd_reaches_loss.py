@@ -34,7 +34,6 @@ from test_credit_reaches_loss import (  # noqa: F401  (game, snapshot: fixtures)
     ATOL,
     THOUGHTS,
     _logprobs,
-    _plans,
     _prompt_ids,
     _received_rows,
     _train_one_step,
@@ -157,7 +156,8 @@ def _residuals(trajectories, coefficient: float) -> list[list[float]]:
     invalid = torch.tensor([not turn.action_valid for t in trajectories for turn in t.turns], dtype=torch.float64)
     assert invalid.any()
     penalised = rewards - coefficient * invalid
-    flat = ((penalised - penalised.mean()) / (penalised.std() + 1e-6) - (rewards - rewards.mean()) / (rewards.std() + 1e-6)).tolist()
+    normalised = lambda x: (x - x.mean()) / (x.std() + 1e-6)  # noqa: E731
+    flat = (normalised(penalised) - normalised(rewards)).tolist()
     out, k = [], 0
     for t in trajectories:
         out.append(flat[k : k + t.num_turns])
@@ -256,7 +256,10 @@ def _assert_advantages_received(seen, trajectories, total) -> None:
         assert candidates, "the loss got a row that is no turn of the batch"
         errors = [(expected[k][1] - advantages).abs().max().item() for k in candidates]
         best = min(range(len(candidates)), key=errors.__getitem__)
-        assert errors[best] <= ATOL, f"advantages off by {errors[best]:.3g}: got {advantages.tolist()[:4]}..., want {expected[candidates[best]][1].tolist()[:4]}..."
+        want = expected[candidates[best]][1]
+        assert errors[best] <= ATOL, (
+            f"advantages off by {errors[best]:.3g}: got {advantages.tolist()[:4]}..., want {want.tolist()[:4]}..."
+        )
         expected.pop(candidates[best])
     assert all(torch.all(values == 0) for _, values in expected), "a turn with credit never reached the loss"
 
