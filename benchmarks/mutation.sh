@@ -6,6 +6,7 @@
 #   LABEL=after SURVIVORS_OF=benchmarks/results/mutation_taspo_before.json \
 #       benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py tests/test_credit_mutation_kills.py
 #
+# MUTMUT_SECONDS bounds the run (a partial result: the unchecked mutants are counted as "not checked").
 # LABEL names the result (mutation_<module>_<LABEL>.json). SURVIVORS_OF reruns only the survivors of an earlier
 # result against the (larger) test selection and adds the earlier kills: adding tests cannot revive a mutant.
 #
@@ -42,7 +43,7 @@ survivors=()
 if [[ -n "${SURVIVORS_OF:-}" ]]; then
   mapfile -t survivors < <(python -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["survivors"]))' "$repo/$SURVIVORS_OF")
 fi
-nice mutmut run --max-children "${MUTMUT_CHILDREN:-1}" "${survivors[@]}" > run.log 2>&1 || { tail -c 3000 run.log; true; }
+${MUTMUT_SECONDS:+timeout $MUTMUT_SECONDS} nice mutmut run --max-children "${MUTMUT_CHILDREN:-1}" "${survivors[@]}" > run.log 2>&1 || { tail -c 3000 run.log; true; }
 tail -c 300 run.log | tr '\r' '\n' | tail -2
 mutmut results --all true > results.txt || true
 name=$(basename "$module" .py)${LABEL:+_$LABEL}
