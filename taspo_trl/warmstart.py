@@ -270,8 +270,8 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object], 
     """Train into a temporary sibling directory, then swap it into place with renames."""
     print(
         f"taspo_trl: building the warm-started policy {name} in {target} (one-time: SFT of {spec.base_model} on "
-        f"expert demonstrations in {precision.description}; about 7 minutes on a 2-core CPU with bfloat16 "
-        "instructions, 25 in float32)",
+        f"expert demonstrations in {precision.description}; about 35 minutes on a 2-core CPU in float32, "
+        "less with bfloat16 instructions)",
         file=sys.stderr,
         flush=True,
     )

@@ -239,6 +239,30 @@ def test_a_delta_rank_warm_start_is_the_fine_tune_with_each_linear_update_trunca
     assert moved_linear == 7  # q, k, v, o, gate, up, down of the one trained layer
 
 
+def test_healing_trains_the_truncated_update_further_at_the_same_rank(tiny_warm_start, tiny_model_dir, monkeypatch):
+    """``heal_epochs`` trains the rank-1 truncation as a rank-1 adapter: every trained linear layer still moves by
+    a rank-1 matrix, but not by the plain truncation's (the heal moved it), and the fixed layer stays the base's.
+    Healing needs a truncation to heal."""
+    import torch
+
+    truncated = replace(tiny_warm_start, frozen_layers=1, delta_rank=1)
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, truncated)
+    plain = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(truncated, heal_epochs=1, heal_learning_rate=1e-2))
+    healed = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    moved = 0
+    for name, weight in base.items():
+        if "layers.0." in name or "embed_tokens" in name:
+            torch.testing.assert_close(healed[name], weight, rtol=0, atol=0)
+        elif weight.dim() == 2:
+            assert torch.linalg.matrix_rank(healed[name] - weight, atol=1e-6).item() == 1, name
+            moved += int((healed[name] - plain[name]).abs().max().item() > 1e-4)
+    assert moved == 7
+    with pytest.raises(ValueError, match="set delta_rank > 0"):
+        replace(tiny_warm_start, heal_epochs=1)
+
+
 @pytest.mark.parametrize("adapter", [dict(lora_rank=4, lora_alpha=8), dict(delta_rank=2, frozen_layers=1)],
                          ids=["lora", "truncated-full-fine-tune"])
 def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_warm_start, tiny_model_dir, monkeypatch,
