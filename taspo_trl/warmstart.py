@@ -415,18 +415,30 @@ def train_warm_start(
         trainer.train()
     model = trainer.model
     if spec.delta_rank:
-        base_weights = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        model = low_rank_update_adapter(base_weights, model, spec.delta_rank)
-        if spec.heal_epochs:
-            print(f"taspo_trl: update kept to rank {spec.delta_rank}; {spec.heal_epochs:g} more epochs train it as "
-                  "an adapter", file=sys.stderr, flush=True)
-            heal = AgentSFTConfig(**{**settings, "frozen_layers": 0}, num_train_epochs=spec.heal_epochs,
-                                  learning_rate=spec.heal_learning_rate)
-            trainer = AgentSFTTrainer(model=model, args=heal, train_dataset=dataset, processing_class=tokenizer)
-            trainer.train()
-            model = trainer.model
+        heal = AgentSFTConfig(**{**settings, "frozen_layers": 0}, num_train_epochs=spec.heal_epochs,
+                              learning_rate=spec.heal_learning_rate) if spec.heal_epochs else None
+        model = _keep_to_rank(model, spec, heal, dataset, tokenizer)
     _save_trained(model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
     return len(dataset)
+
+
+def _keep_to_rank(model: Any, spec: WarmStart, heal: Any | None, dataset: Any, tokenizer: Any) -> Any:
+    """The full fine-tune ``model``'s update truncated to ``spec.delta_rank`` as a PEFT adapter on the base model,
+    then trained further as that adapter on ``dataset`` with the SFT settings ``heal`` (``None``: not at all)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .trainers.sft import AgentSFTTrainer
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec.base_model), dtype=torch.float32)
+    model = low_rank_update_adapter(base, model, spec.delta_rank)
+    if heal is None:
+        return model
+    print(f"taspo_trl: update kept to rank {spec.delta_rank}; {spec.heal_epochs:g} more epochs train it as an adapter",
+          file=sys.stderr, flush=True)
+    trainer = AgentSFTTrainer(model=model, args=heal, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    return trainer.model
 
 
 def _lora_config(spec: WarmStart) -> Any:
