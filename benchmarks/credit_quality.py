@@ -70,7 +70,14 @@ from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
-from taspo_trl.credit.quality import LabelledAction, action_weights, group_bootstrap_auc, mann_whitney_auc, moved_share
+from taspo_trl.credit.quality import (
+    LabelledAction,
+    action_weights,
+    credit_verdict,
+    group_bootstrap_auc,
+    mann_whitney_auc,
+    moved_share,
+)
 from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.envs.alfworld.env import read_game_file
@@ -559,14 +566,15 @@ def _cell(value: float | None, interval: dict[str, float | None]) -> str:
 def _print_table(results: dict[str, Any]) -> None:
     batch = results["batch"]
     print(f"{batch['trajectories']} trajectories, {batch['won']} won, {batch['nonzero_advantage']} with A != 0")
-    print("| method | AUC won [95 %] | moved | AUC failed [95 %] | moved | won - GRPO | failed - GRPO |")
-    print("|---|---|---|---|---|---|---|")
+    print("| method | AUC won [95 %] | moved | verdict | AUC failed [95 %] | moved | verdict | won - GRPO | failed - GRPO |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for method, entry in results["methods"].items():
         cells = []
         for pool in POOLS:
             auc = entry["intervals"][pool]["auc"]
             moved = entry["moved"][pool]
-            cells += [_cell(entry["scores"][pool]["auc"], auc), "n/a" if moved is None else f"{moved:.2f}"]
+            cells += [_cell(entry["scores"][pool]["auc"], auc), "n/a" if moved is None else f"{moved:.2f}",
+                      credit_verdict(pool, auc["low"], auc["high"], moved)]
         for pool in POOLS:
             diff = entry["intervals"][pool].get("minus_grpo")
             cells.append("-" if diff is None else _cell(diff["estimate"], diff))

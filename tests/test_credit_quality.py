@@ -7,7 +7,7 @@ from itertools import product
 
 import pytest
 
-from taspo_trl.credit.quality import action_weights, mann_whitney_auc
+from taspo_trl.credit.quality import action_weights, credit_verdict, mann_whitney_auc
 
 
 @pytest.mark.parametrize(
@@ -146,3 +146,25 @@ def test_bootstrap_settings_are_checked():
 def test_moved_share_counts_trajectories_whose_weights_are_not_all_one():
     assert moved_share([[1.0, 1.0], [0.9, 1.1], None, [1.0, 1.0 + 1e-9], [1.2]]) == pytest.approx(2 / 4)
     assert moved_share([None]) is None
+
+
+@pytest.mark.parametrize(
+    ("pool", "low", "high", "moved", "expected"),
+    [
+        ("success", 0.501, 0.666, 1.0, "right way"),  # all above 0.5 on won trajectories: more reward to progress
+        ("success", 0.30, 0.45, 1.0, "wrong way"),
+        ("success", 0.484, 0.657, 0.68, "no clear effect"),  # holds 0.5
+        ("failed", 0.389, 0.477, 1.0, "right way"),  # all below 0.5 on failed ones: less blame to progress
+        ("failed", 0.520, 0.635, 1.0, "wrong way"),
+        ("failed", 0.354, 0.50, 0.93, "no clear effect"),  # touching 0.5 is not excluding it
+        ("success", 0.5, 0.5, 0.0, "no credit moved"),  # GRPO
+        ("failed", None, None, None, "no credit moved"),
+    ],
+)
+def test_credit_verdict_reads_the_interval_against_one_half(pool, low, high, moved, expected):
+    assert credit_verdict(pool, low, high, moved) == expected
+
+
+def test_credit_verdict_names_an_unknown_pool():
+    with pytest.raises(ValueError, match="pool must be 'success' or 'failed', got 'won'"):
+        credit_verdict("won", 0.6, 0.7, 1.0)

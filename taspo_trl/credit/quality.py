@@ -145,3 +145,24 @@ def moved_share(per_trajectory_weights: Sequence[Sequence[float] | None], tolera
     if not scored:
         return None
     return sum(any(abs(x - 1.0) > tolerance for x in w) for w in scored) / len(scored)
+
+
+VERDICTS = ("right way", "wrong way", "no clear effect", "no credit moved")
+
+
+def credit_verdict(pool: str, low: float | None, high: float | None, moved: float | None) -> str:
+    """What an AUC interval says about a method on one pool of trajectories.
+
+    Progress actions should get more of the reward in won trajectories (AUC above 0.5) and less of the blame in
+    failed ones (AUC below 0.5). "right way" / "wrong way" when the whole interval lies on that / the other side of
+    0.5, "no clear effect" when it holds 0.5, and "no credit moved" when no trajectory's weights moved (``moved``
+    0 or ``None``), whatever the interval.
+    """
+    if pool not in ("success", "failed"):
+        raise ValueError(f"pool must be 'success' or 'failed', got {pool!r}")
+    if not moved or low is None or high is None:
+        return "no credit moved"
+    above, below = low > 0.5, high < 0.5
+    if not (above or below):
+        return "no clear effect"
+    return "right way" if above == (pool == "success") else "wrong way"
