@@ -109,7 +109,8 @@ class AlignOPSDConfig(AgentGRPOConfig):
             $[1 - b, 1 + b]$.
         multiplier_band (`float`, defaults to `0.2`): $b$ of the bounded mode.
         grpo_normalization_scope (`str`, defaults to `"turn"`): GRPO statistics over turn rows (each reward once
-            per turn) or over `"trajectory"`s.
+            per turn) or over `"trajectory"`s. The official launchers set `"turn"` in five of six profiles
+            (`"trajectory"` on Search-3B); the official config file's own default is `"trajectory"`, its legacy.
         advantage_epsilon (`float`, defaults to `1e-6` here): the official GRPO epsilon.
         invalid_action_coef (`float`, defaults to `0.1`): coefficient of the invalid-action residual (0.01 on
             Search); 0 turns it off. Use it instead of `invalid_action_penalty`, which would enter the outcome.
