@@ -326,3 +326,33 @@ def test_alignopsd_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, en
         other = dict(alpha_max=SETTINGS["mixing_coefficient"], mixing_coefficient=SETTINGS["alpha_max"])
     changed = _expectation(trainer, snapshot, encoder, teacher_plans, ablation, **other)
     assert (_flat(want["total"]) - _flat(changed["total"])).abs().max() > 5 * ATOL
+
+
+def test_sdar_auxiliary_term_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, encoder, monkeypatch):
+    """With the launcher's SDAR auxiliary loss on (off-default coef 0.05 and beta 2, so a swap would be seen), every
+    response token of every turn gets A_i w_it + r_it + coef * sigma(beta (log pi_T - log pi_theta)) with pi_T the
+    turn under its own p_x: the gradient of the official compute_sdar_loss term at the rollout snapshot, whose
+    derivative in log pi_theta is -coef * gate (the official test of that function checks the same)."""
+    coef, beta = 0.05, 2.0
+    trainer, seen, teacher_plans = _run(tmp_path, tiny_model_dir, game, encoder, monkeypatch, ablation="E",
+                                        sdar_aux=True, sdar_aux_coef=coef, sdar_aux_gate_beta=beta)
+    trajectories, contexts = trainer.last_step.trajectories, trainer.last_step.skill_texts
+    want = _expectation(trainer, snapshot, encoder, teacher_plans, "E")
+    total = []
+    for i, (trajectory, per_turn) in enumerate(zip(trajectories, want["total"], strict=True)):
+        turns = []
+        for turn, value in zip(trajectory.turns, per_turn, strict=True):
+            student = _logprobs(snapshot, turn.prompt_ids, turn.response_ids)
+            teacher = _logprobs(snapshot, _prompt_ids(trainer.processing_class, f"{contexts[i]}\n\n{turn.prompt_text}"),
+                                turn.response_ids)
+            gate = [coef / (1.0 + math.exp(-beta * (float(t) - float(s)))) for t, s in zip(teacher, student)]
+            base = value if isinstance(value, list) else [value] * len(gate)
+            turns.append([b + g for b, g in zip(base, gate)])
+        total.append(turns)
+    _assert_advantages_received(seen, trajectories, total)
+    # Every token got between 0 and coef more than without the term, never less: the term cannot flip a sign.
+    added = _flat(total) - torch.tensor([v for traj, per in zip(total, want["total"]) for turn, value in zip(traj, per)
+                                         for v in ([value] * len(turn) if not isinstance(value, list) else value)])
+    assert bool(((added > 0) & (added < coef)).all())
+    logged = trainer.state.log_history[0]
+    assert logged["alignopsd/sdar_aux_mean"] == pytest.approx(float(added.mean()), abs=ATOL)

@@ -128,8 +128,10 @@ def test_alignopsd_recipes_carry_the_official_launcher_values(env, model):
     assert {key: data[key] for key in OFFICIAL_SHARED} == OFFICIAL_SHARED
     # The recipes are sized for 8 GPUs: per-device batch x accumulation x 8 = tasks x 8 rollouts.
     assert data["per_device_train_batch_size"] * data["gradient_accumulation_steps"] * 8 == tasks * 8
-    sdar_note = "SDAR auxiliary" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()
-    assert sdar_note == ((env, model) == ("alfworld", "qwen2.5-3b"))
+    # Only run_alfworld_3b.sh sets algorithm.sdar_aux: enabled=true, coef=0.01, gate_beta=5.0 (the others leave
+    # the config file's enabled: false).
+    sdar = (data.get("sdar_aux", False), data.get("sdar_aux_coef", 0.01), data.get("sdar_aux_gate_beta", 5.0))
+    assert sdar == ((env, model) == ("alfworld", "qwen2.5-3b"), 0.01, 5.0)
     # ALFWorld and WebShop validate at temperature 0.4 (the launchers' val_kwargs).
     assert ("--temperature 0.4" in (ROOT / "recipes" / "paper" / env / f"alignopsd_{model}.yaml").read_text()) == (env != "search")
 

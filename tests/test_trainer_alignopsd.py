@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,23 @@ def test_config_errors(tmp_path):
         AlignOPSDConfig(invalid_action_penalty=0.1, **base)
     with pytest.raises(ValueError, match="alpha_max"):
         AlignOPSDConfig(alpha_max=1.5, **base)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [  # the official configuration check refuses the same three: coef -1, coef NaN, gate_beta 0
+        ("sdar_aux_coef", -1.0, "sdar_aux_coef must be a finite number >= 0, got -1.0"),
+        ("sdar_aux_coef", float("nan"), "sdar_aux_coef must be a finite number >= 0, got nan"),
+        ("sdar_aux_gate_beta", 0.0, "sdar_aux_gate_beta must be a finite number > 0, got 0.0"),
+    ],
+)
+def test_sdar_auxiliary_settings_are_checked(tmp_path, field, value, message):
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", sdar_aux=True)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AlignOPSDConfig(**{field: value}, **base)
+
+
+def test_sdar_auxiliary_is_off_by_default_with_the_launcher_values(tmp_path):
+    config = AlignOPSDConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    # algorithm.sdar_aux of the official beyond_timestamps_trainer.yaml: enabled false, coef 0.01, gate_beta 5.0
+    assert (config.sdar_aux, config.sdar_aux_coef, config.sdar_aux_gate_beta) == (False, 0.01, 5.0)

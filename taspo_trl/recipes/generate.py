@@ -104,9 +104,13 @@ def alignopsd_block(env: str, model_key: str, cpu: bool) -> list[str]:
     ]
     if env in ("alfworld", "webshop") and not cpu:
         lines.append("# The launcher validates with sampling at temperature 0.4: taspo-eval ... --temperature 0.4")
-    if p["sdar"]:
-        lines.append("# The launcher also adds an SDAR auxiliary loss (coefficient 0.01, gate beta 5.0), which the paper")
-        lines.append("# does not describe; AlignOPSDTrainer does not add it (the paper's reading).")
+    if p["sdar"] and not cpu:
+        lines += ["# The launcher adds the SDAR auxiliary loss, which the paper does not describe: sdar_aux false",
+                  "# gives the paper's reading.",
+                  "sdar_aux: true", "sdar_aux_coef: 0.01", "sdar_aux_gate_beta: 5.0"]
+    elif p["sdar"]:
+        lines += ["# The launcher adds the SDAR auxiliary loss (sdar_aux: true, coef 0.01, gate beta 5.0), which the",
+                  "# paper does not describe. Off on CPU: it would score every trajectory under p_x, moving or not."]
     return lines
 
 

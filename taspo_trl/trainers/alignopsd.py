@@ -14,13 +14,15 @@ differs from the GRPO baseline. One step:
    log-probs;
 6. spans (batch quantile threshold, strongest-first boundaries, max-length repair), outcome-aligned turn scores,
    two-level budgets, the box projection and mixing: A_it = A_i w_it;
-7. plus the turn-normalised invalid-action residual.
+7. plus the turn-normalised invalid-action residual;
+8. with ``sdar_aux`` (the ALFWorld-3B launcher), plus SDAR's gated term on every token scored under its own p_x.
 The loss is TRL's token-mean ``dapo`` loss.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import textwrap
 import time
 from contextlib import contextmanager
@@ -49,6 +51,7 @@ from ..credit.alignopsd import (
     source_weights,
     turn_gap,
 )
+from ..credit.distillation import gradient_equivalent_advantages, sdar_loss
 from ..credit.grpo import grpo_outcome_advantages
 from ..privileged.alignment import (
     GroupCorrespondence,
@@ -116,6 +119,14 @@ class AlignOPSDConfig(AgentGRPOConfig):
             Search); 0 turns it off. Use it instead of `invalid_action_penalty`, which would enter the outcome.
         ablation (`str`, defaults to `"E"`): the official ablations: `"A"` no rectification ($\alpha_{\max} = 0$),
             `"B"` token allocation, `"C"` turn allocation without spans, `"D"` random spans, `"E"` the method.
+        sdar_aux (`bool`, defaults to `False`): the official SDAR auxiliary loss (`algorithm.sdar_aux.enabled`),
+            which the paper does not describe and only the ALFWorld-3B launcher turns on: every policy token of a
+            trajectory with a privileged context gets $+c\,\sigma(\beta\,\mathrm{sg}(\log \pi_T - \log \pi_\theta))$
+            added to its advantage, $\pi_T$ the turn's own (diagonal) privileged teacher. That is the gradient of the
+            official `compute_sdar_loss` term at the rollout snapshot (`credit.distillation.sdar_loss`). Off is the
+            paper's reading.
+        sdar_aux_coef (`float`, defaults to `0.01`): $c$ (`algorithm.sdar_aux.coef`).
+        sdar_aux_gate_beta (`float`, defaults to `5.0`): $\beta$ of the gate (`algorithm.sdar_aux.gate_beta`).
         turn_balanced_loss: defaults to `False` here: the official loss is the token mean.
     """
 
@@ -145,6 +156,9 @@ class AlignOPSDConfig(AgentGRPOConfig):
     invalid_action_coef: float = field(default=0.1, metadata={"help": "Invalid-action residual coefficient."})
     ablation: str = field(default="E", metadata={"help": "A | B | C | D | E (E: the method)."})
     turn_balanced_loss: bool = field(default=False, metadata={"help": "Eq. 7 balancing (off: token-mean loss)."})
+    sdar_aux: bool = field(default=False, metadata={"help": "Official SDAR auxiliary loss (ALFWorld-3B launcher)."})
+    sdar_aux_coef: float = field(default=0.01, metadata={"help": "Coefficient of the SDAR auxiliary term."})
+    sdar_aux_gate_beta: float = field(default=5.0, metadata={"help": "Gate sharpness of the SDAR auxiliary term."})
 
     def __post_init__(self):
         super().__post_init__()
@@ -172,6 +186,10 @@ class AlignOPSDConfig(AgentGRPOConfig):
             raise ValueError(f"source_top_k must be >= 1, got {self.source_top_k}.")
         if self.teacher_max_new_tokens is not None and self.teacher_max_new_tokens < 1:
             raise ValueError(f"teacher_max_new_tokens must be None or >= 1, got {self.teacher_max_new_tokens}.")
+        if not (math.isfinite(self.sdar_aux_coef) and self.sdar_aux_coef >= 0):
+            raise ValueError(f"sdar_aux_coef must be a finite number >= 0, got {self.sdar_aux_coef}.")
+        if not (math.isfinite(self.sdar_aux_gate_beta) and self.sdar_aux_gate_beta > 0):
+            raise ValueError(f"sdar_aux_gate_beta must be a finite number > 0, got {self.sdar_aux_gate_beta}.")
         if self.invalid_action_coef < 0:
             raise ValueError(f"invalid_action_coef must be >= 0, got {self.invalid_action_coef}.")
         if self.invalid_action_penalty:
@@ -245,7 +263,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         encoder_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        wanted = set(targets)
+        # SDAR's auxiliary term needs the diagonal teacher on every trajectory with a context, moving or not.
+        wanted = {i for i in range(local) if contexts[first + i]} if args.sdar_aux else set(targets)
         target_contexts = [contexts[first + i] if i in wanted else "" for i in range(local)]
         diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
         plain_turns = rows.collect(plain)
@@ -269,10 +288,38 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         self.last_step.skill_texts = contexts[first : first + local]
         self._log_weight_range(weights, "train" if self.model.training else "eval")
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
-        return [
+        advantages = [
             [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
             for i in range(local)
         ]
+        if args.sdar_aux:
+            self._add_sdar_auxiliary(advantages, diagonal_gaps, plain_turns)
+        return advantages
+
+    def _add_sdar_auxiliary(
+        self,
+        advantages: list[list[float | list[float]]],
+        diagonal_gaps: dict[tuple[int, int], torch.Tensor],
+        plain_turns: dict[tuple[int, int], torch.Tensor],
+    ) -> None:
+        """The official SDAR auxiliary loss (``algorithm.sdar_aux``; ``compute_sdar_loss`` on the diagonal teacher
+        log-probs), added in place as its gradient-equivalent advantage coef * sigma(beta Delta_t) on every scored
+        token. Turns without a diagonal score keep their advantage."""
+        args, added = self.args, []
+        for (i, t), gap in diagonal_gaps.items():
+            student = plain_turns.get((i, t))
+            if student is None or gap.numel() == 0:
+                continue
+            student = student[: gap.numel()].double()
+            term = gradient_equivalent_advantages(
+                sdar_loss, student[None], (gap.double() + student)[None], torch.ones(1, gap.numel()),
+                coef=args.sdar_aux_coef, beta=args.sdar_aux_gate_beta,
+            )[0].tolist()
+            base = advantages[i][t]
+            advantages[i][t] = [b + x for b, x in zip(base, term)] if isinstance(base, list) else [base + x for x in term]
+            added += term
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["alignopsd/sdar_aux_mean"].append(sum(added) / max(len(added), 1))
 
     def _outcome_advantages(self, everything: list[Trajectory], groups: dict[int, list[int]], step: StepView) -> list[float]:
         """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (``groups``: the
