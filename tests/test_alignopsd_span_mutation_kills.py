@@ -246,12 +246,27 @@ def test_projection_onto_a_box_touching_1_is_all_ones(bounds):
     assert project_weighted_box_budget([2.5, 0.5, 0.0], [1, 1, 1], **bounds).tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize(
-    "density", [[0.1, 0.7, 2.2], [0.0, 0.1, 0.7, 3.2], [4.0, 0.1, 0.1, 0.1, 0.7]], ids=["inside", "at-lower", "at-upper"]
-)
-def test_projection_returns_a_density_inside_the_closed_box_as_it_is(density):
+def test_projection_onto_a_box_with_lower_1_is_exactly_ones_where_rounding_would_show():
+    """Budget 2 (1.0648854961832062) + 5 (0.9618320610687023) + 2 (1.0305343511450382) = 9 = N up to rounding; a
+    shift solved in floating point would leave 1 + 2^-52 on the first turn."""
+    h = [1.0648854961832062, 0.9618320610687023, 1.0305343511450382]
+    assert project_weighted_box_budget(h, [2, 5, 2], lower=1.0).tolist() == [1.0, 1.0, 1.0]
+
+
+# Densities inside the closed box [0, 4] with sum_t n_t h_t = N up to rounding: each is returned bit for bit (a
+# shift solved in floating point would move some coordinates by an ulp, or lift a 0 to ~1.6e-16).
+INSIDE = [
+    pytest.param([0.1, 0.7, 2.2], [1, 1, 1], id="inside"),
+    pytest.param([1.7945619335347434, 2.525679758308157, 0.0, 1.861027190332326, 1.1299093655589123], [4, 2, 8, 1, 7], id="inside-weighted"),
+    pytest.param([0.0, 3.748878923766816, 0.0, 2.7623318385650224, 1.6771300448430493], [4, 2, 8, 1, 7], id="at-lower"),
+    pytest.param([4.0, 0.53156146179402, 0.5647840531561462, 0.830564784053156, 1.196013289036545], [1, 1, 6, 3, 3], id="at-upper"),
+]
+
+
+@pytest.mark.parametrize("density,counts", INSIDE)
+def test_projection_returns_a_density_inside_the_closed_box_as_it_is(density, counts):
     h = torch.tensor(density, dtype=torch.float64)
-    assert torch.equal(project_weighted_box_budget(h, torch.ones_like(h)), h)
+    assert torch.equal(project_weighted_box_budget(h, counts), h)
 
 
 # --------------------------------------------------------------------------------------------------------------
