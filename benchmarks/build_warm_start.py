@@ -1,4 +1,4 @@
-"""Rebuild the warm start the package ships (its LoRA adapter and fingerprint), or check a rebuild against it.
+"""Rebuild the warm start the package ships (its adapter and fingerprint), or check a rebuild against it.
 
     python benchmarks/build_warm_start.py            # train and write taspo_trl/data/warm_starts/<name>/
     python benchmarks/build_warm_start.py --check    # train into a temp folder, compare with the shipped adapter
@@ -42,8 +42,8 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 def build(name: str, out: Path, bf16: bool | None) -> dict:
     """Train warm start ``name`` and write its adapter and ``warm_start.json`` to ``out``; returns the record."""
     spec = WARM_STARTS[name]
-    if not spec.lora_rank:
-        raise SystemExit(f"{name} is a full fine-tune (lora_rank 0): only LoRA warm starts ship as adapters")
+    if not spec.adapter_rank:
+        raise SystemExit(f"{name} ships no adapter (lora_rank and delta_rank are 0): it is built on first use")
     import torch
 
     precision = choose_precision(bf16, use_cpu=not torch.cuda.is_available())

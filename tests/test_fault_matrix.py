@@ -788,6 +788,7 @@ def test_damaged_warm_start_is_rebuilt_with_a_warning(tmp_path, monkeypatch, cap
 
     monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(warmstart, "train_warm_start", train)
+    monkeypatch.setattr(warmstart, "_SHIPPED", tmp_path / "no-shipped-adapters")  # the build path, not the install
     name = "embedded:smollm2-135m-alfworld"
     folder = Path(warmstart.resolve_warm_start(name))
     assert warmstart.resolve_warm_start(name) == str(folder) and len(builds) == 1  # intact: no rebuild

@@ -154,15 +154,16 @@ def test_benchmarks_prompt_a_warm_start_with_the_window_it_was_trained_on(tmp_pa
 
 
 def test_the_shipped_warm_start_matches_its_code_and_settings():
-    """A LoRA warm start ships its adapter, built from today's data-producing code and settings (after a change to
-    any module of ``warmstart._DATA_MODULES`` or to the spec, rebuild it with
-    ``python benchmarks/build_warm_start.py``); a full fine-tune ships nothing and is built on first use."""
+    """A warm start with an adapter (LoRA, or a full fine-tune's update truncated to ``delta_rank``) ships it,
+    built from today's data-producing code and settings (after a change to any module of
+    ``warmstart._DATA_MODULES`` or to the spec, rebuild it with ``python benchmarks/build_warm_start.py``); one
+    without is built on first use and ships nothing."""
     from safetensors import safe_open
 
     for name, spec in warmstart.WARM_STARTS.items():
         shipped = warmstart.shipped_warm_start_dir(name)
-        assert shipped.is_dir() is bool(spec.lora_rank), name
-        if not spec.lora_rank:
+        assert shipped.is_dir() is bool(spec.adapter_rank), name
+        if not spec.adapter_rank:
             continue
         record = _record(str(shipped))
         assert record["fingerprint"] == warmstart.fingerprint(spec), (
@@ -170,18 +171,108 @@ def test_the_shipped_warm_start_matches_its_code_and_settings():
         adapter = shipped / "adapter_model.safetensors"
         assert adapter.stat().st_size <= 20e6  # small enough for the wheel
         config = json.loads((shipped / "adapter_config.json").read_text())
+        alpha = spec.lora_alpha if spec.lora_rank else spec.delta_rank  # a truncated update is applied at scale 1
         assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (
-            spec.lora_rank, spec.lora_alpha, spec.base_model)
+            spec.adapter_rank, alpha, spec.base_model)
         with safe_open(str(adapter), "pt") as tensors:
-            assert {tensors.get_slice(k).get_dtype() for k in tensors.keys()} == {"F16"}
+            dtypes = {key: tensors.get_slice(key).get_dtype() for key in tensors.keys()}
+        assert {dtype for key, dtype in dtypes.items() if "lora_" in key} == {"F16"}
+        assert {dtype for key, dtype in dtypes.items() if "lora_" not in key} <= {"F32"}  # trained norms, whole
 
 
-def test_a_matching_shipped_adapter_is_installed_without_training(tiny_warm_start, tiny_model_dir, monkeypatch, tmp_path):
-    """A LoRA warm start built once (as ``benchmarks/build_warm_start.py`` builds the shipped one) installs into an
-    empty cache from its adapter alone, with the weights the build gave; a changed setting falls back to a build."""
+def test_truncated_update_keeps_the_largest_singular_directions():
+    """Eckart-Young on a matrix built from known singular values 3, 2 and 0.5: rank 2 keeps exactly the first two
+    components (error 0.5 in Frobenius norm), each factor carries the square roots of the kept values, and the
+    largest entry of each column of B is positive, whatever sign the SVD routine picked."""
     import torch
 
-    lora = replace(tiny_warm_start, lora_rank=4, lora_alpha=8)
+    generator = torch.Generator().manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(7, 3, generator=generator, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(5, 3, generator=generator, dtype=torch.float64))
+    update = (u * torch.tensor([3.0, 2.0, 0.5], dtype=torch.float64)) @ v.T
+    b, a = warmstart.truncated_update(update.float(), 2)
+    expected = (u[:, :2] * torch.tensor([3.0, 2.0], dtype=torch.float64)) @ v[:, :2].T
+    torch.testing.assert_close((b @ a).double(), expected, atol=1e-5, rtol=0)
+    assert torch.linalg.norm((b @ a).double() - update).item() == pytest.approx(0.5, abs=1e-5)
+    torch.testing.assert_close((b.T @ b).double(), torch.diag(torch.tensor([3.0, 2.0], dtype=torch.float64)), atol=1e-5, rtol=0)
+    torch.testing.assert_close((a @ a.T).double(), torch.diag(torch.tensor([3.0, 2.0], dtype=torch.float64)), atol=1e-5, rtol=0)
+    assert (b.gather(0, b.abs().argmax(dim=0, keepdim=True)) > 0).all()
+    flipped_b, flipped_a = warmstart.truncated_update(-update.float(), 2)  # the same directions, opposite sign
+    torch.testing.assert_close(flipped_b @ flipped_a, -(b @ a), atol=1e-5, rtol=0)
+    assert (flipped_b.gather(0, flipped_b.abs().argmax(dim=0, keepdim=True)) > 0).all()
+    wide_b, wide_a = warmstart.truncated_update(update.float(), 6)  # past the narrow side (5): whole, zeros after
+    assert wide_b.shape == (7, 6) and wide_a.shape == (6, 5) and not wide_b[:, 5].any() and not wide_a[5].any()
+    torch.testing.assert_close(wide_b @ wide_a, update.float(), atol=1e-5, rtol=0)
+
+
+def test_a_delta_rank_warm_start_is_the_fine_tune_with_each_linear_update_truncated(tiny_warm_start, tiny_model_dir):
+    """A full fine-tune (embeddings and the lowest layer fixed) kept to rank 1: every trained linear layer moves by
+    a rank-1 matrix, the best rank-1 approximation of the full fine-tune's own update (up to the adapter's float16
+    rounding), the trained norms are the fine-tune's exactly, and the fixed layer and embeddings are the base's."""
+    import torch
+
+    full = replace(tiny_warm_start, frozen_layers=1)
+    tiny_full = "embedded:tiny-full"
+    warmstart.WARM_STARTS[tiny_full] = full
+    truncated = replace(full, delta_rank=1)
+    warmstart.WARM_STARTS[NAME] = truncated
+    try:
+        tuned = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(tiny_full, bf16=False)).named_parameters())
+        kept = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    finally:
+        del warmstart.WARM_STARTS[tiny_full]
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    moved_linear = 0
+    for name, weight in base.items():
+        if "layers.0." in name or "embed_tokens" in name:
+            torch.testing.assert_close(kept[name], weight, rtol=0, atol=0)
+        elif weight.dim() == 1:  # a norm: saved whole, in float32
+            assert (tuned[name] != weight).any(), name
+            torch.testing.assert_close(kept[name], tuned[name], rtol=0, atol=0)
+        else:
+            update, full_update = kept[name] - weight, tuned[name] - weight
+            assert torch.linalg.matrix_rank(update, atol=1e-6).item() == 1, name
+            u, s, vh = torch.linalg.svd(full_update.double())
+            best = s[0] * torch.outer(u[:, 0], vh[0])
+            torch.testing.assert_close(update.double(), best, atol=2e-3 * best.abs().max().item(), rtol=0)
+            moved_linear += 1
+    assert moved_linear == 7  # q, k, v, o, gate, up, down of the one trained layer
+
+
+def test_healing_trains_the_truncated_update_further_at_the_same_rank(tiny_warm_start, tiny_model_dir, monkeypatch):
+    """``heal_epochs`` trains the rank-1 truncation as a rank-1 adapter: every trained linear layer still moves by
+    a rank-1 matrix, but not by the plain truncation's (the heal moved it), and the fixed layer stays the base's.
+    Healing needs a truncation to heal."""
+    import torch
+
+    truncated = replace(tiny_warm_start, frozen_layers=1, delta_rank=1)
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, truncated)
+    plain = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(truncated, heal_epochs=1, heal_learning_rate=1e-2))
+    healed = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    moved = 0
+    for name, weight in base.items():
+        if "layers.0." in name or "embed_tokens" in name:
+            torch.testing.assert_close(healed[name], weight, rtol=0, atol=0)
+        elif weight.dim() == 2:
+            assert torch.linalg.matrix_rank(healed[name] - weight, atol=1e-6).item() == 1, name
+            moved += int((healed[name] - plain[name]).abs().max().item() > 1e-4)
+    assert moved == 7
+    with pytest.raises(ValueError, match="set delta_rank > 0"):
+        replace(tiny_warm_start, heal_epochs=1)
+
+
+@pytest.mark.parametrize("adapter", [dict(lora_rank=4, lora_alpha=8), dict(delta_rank=2, frozen_layers=1)],
+                         ids=["lora", "truncated-full-fine-tune"])
+def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_warm_start, tiny_model_dir, monkeypatch,
+                                                                   tmp_path):
+    """A warm start with an adapter built once (as ``benchmarks/build_warm_start.py`` builds the shipped one)
+    installs into an empty cache from its adapter alone, with the weights the build gave; a changed setting falls
+    back to a build."""
+    import torch
+
+    lora = replace(tiny_warm_start, **adapter)
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, lora)
     built = Path(resolve_model_path(NAME, bf16=False))
     shipped = tmp_path / "package" / "tiny-pick-and-place"

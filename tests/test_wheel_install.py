@@ -52,6 +52,9 @@ def test_the_wheel_carries_every_recipe_and_declares_trl_s_extras(wheel):
     assert {'openai>=1.0; extra == "openai"', 'trl[vllm]; extra == "vllm"', 'trl[deepspeed]; extra == "deepspeed"'} <= requires
     assert "trl<1.17,>=1.16.0" in requires
     assert "taspo-recipes = taspo_trl.recipes:main" in entry_points
+    # The shipped warm start, so that its first use installs in seconds instead of training.
+    warm_start = "taspo_trl/data/warm_starts/smollm2-135m-alfworld/"
+    assert {warm_start + f for f in ("adapter_model.safetensors", "adapter_config.json", "warm_start.json")} <= set(names)
 
 
 @pytest.mark.slow  # about 30 s of training from the installed wheel; the tests above check what it installs
