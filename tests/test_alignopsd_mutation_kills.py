@@ -38,6 +38,7 @@ from taspo_trl.credit.alignopsd import (
     source_weights,
     structural_eligibility,
     turn_gap,
+    webshop_actions_agree,
 )
 
 close = pytest.approx
@@ -222,3 +223,172 @@ NOT_1D = [
 def test_vector_arguments_name_themselves_when_not_1d(call, name):
     with pytest.raises(ValueError, match=f"^{re.escape(name)} must be 1-D, got shape \\(1, 2\\)$"):
         call()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mechanism 1: defaults of the official configuration, boundaries of the accepted ranges, and the ranking.
+# Official defaults (beyond_timestamps_trainer.yaml, thinking_correspondence): similarity_threshold 0.70, top_k 3,
+# aggregation_temperature 0.10, alpha_max 0.80, action_filter.similarity_threshold 0.80.
+
+
+def _one_turn_rollouts(column):
+    """M turns, one per rollout, every source eligible for every other target; H[:, 0] = column, else 0."""
+    m = len(column)
+    h = torch.zeros(m, m, dtype=F64)
+    h[:, 0] = torch.tensor(column, dtype=F64)
+    return h, ~torch.eye(m, dtype=torch.bool), [chr(ord("a") + k) for k in range(m)]
+
+
+def test_select_sources_defaults_are_threshold_0_7_and_top_3():
+    # sources 1..4 pass tau = 0.7 (0.72 does, 0.69 does not); top 3 of them, best first
+    h, b, ids = _one_turn_rollouts([0.0, 0.9, 0.8, 0.75, 0.72, 0.69])
+    assert select_sources(h, b, ids) == [(1, 2, 3), (), (), (), (), ()]
+
+
+def test_select_sources_accepts_top_1_and_threshold_minus_1():
+    h, b, ids = _one_turn_rollouts([0.0, 0.9, 0.8, 0.75, 0.72, 0.69])
+    assert select_sources(h, b, ids, top_k=1)[0] == (1,)
+    # tau = -1 is the lowest threshold allowed: every eligible source passes, H = -1 included
+    h = torch.tensor([[0.0, -1.0], [-1.0, 0.0]], dtype=F64)
+    assert select_sources(h, ~torch.eye(2, dtype=torch.bool), ["a", "b"], threshold=-1.0, top_k=1) == [(1,), (0,)]
+
+
+def test_select_sources_keeps_each_rollouts_most_similar_turn_and_ranks_best_first():
+    # rollout b has two turns: its later, more similar turn (0.9) represents it, not its first (0.75)
+    h = torch.zeros(3, 3, dtype=F64)
+    h[:, 0] = torch.tensor([0.0, 0.75, 0.9], dtype=F64)
+    b = structural_eligibility(["a", "b", "b"], [True] * 3, [True] * 3)
+    assert select_sources(h, b, ["a", "b", "b"])[0] == (2,)
+    # three rollouts: both sources kept, the more similar (turn 2) first
+    assert select_sources(h, ~torch.eye(3, dtype=torch.bool), ["a", "b", "c"])[0] == (2, 1)
+
+
+def test_select_sources_reads_a_0_1_float_eligibility_as_booleans():
+    h = torch.zeros(3, 3, dtype=F64)
+    h[:, 0] = torch.tensor([0.0, 0.75, 0.9], dtype=F64)
+    b = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
+    assert select_sources(h, b, ["a", "b", "c"]) == [(2, 1), (), ()]
+
+
+def test_structural_eligibility_reads_0_1_validity_as_booleans():
+    # source 0 has teacher thinking, source 1 none; both targets have student thinking; other rollout only
+    out = structural_eligibility(["a", "b"], [1, 0], [1, 1])
+    assert out.dtype == torch.bool
+    assert out.tolist() == [[False, True], [False, False]]
+    out = structural_eligibility(["a", "b"], [1, 1], [0, 1])
+    assert out.dtype == torch.bool
+    assert out.tolist() == [[False, True], [False, False]]
+
+
+def test_action_filter_threshold_bounds_and_default_are_inclusive():
+    sims = torch.tensor([[0.0, 1.0], [-1.0, 0.0]], dtype=F64)  # [source, target]
+    selected, acts = [(1,), (0,)], ["go", "go"]
+    assert action_consistent_sources(selected, sims, acts, acts, threshold=-1.0) == [(1,), (0,)]
+    assert action_consistent_sources(selected, sims, acts, acts, threshold=1.0) == [(), (0,)]
+    # the default threshold is 0.80, and a similarity equal to it is kept
+    sims = torch.tensor([[0.0, 0.8], [0.79, 0.0]], dtype=F64)
+    assert action_consistent_sources(selected, sims, acts, acts) == [(), (0,)]
+
+
+def test_action_filter_applies_the_webshop_rule_only_when_asked():
+    sims = torch.ones(2, 2, dtype=F64)
+    selected = [(1,), (0,)]
+    teacher, student = ["search[a b]", "search[shoes]"], ["click[x]", "search[boots]"]
+    # target 0: teacher search at source 1 vs student click -> dropped; target 1: search vs search -> kept
+    assert action_consistent_sources(selected, sims, teacher, student, webshop=True) == [(), (0,)]
+    assert action_consistent_sources(selected, sims, teacher, student) == [(1,), (0,)]
+
+
+def test_webshop_rule_needs_both_arguments_and_both_actions_parsed():
+    assert webshop_actions_agree("search[ ]", "search[shoes]") is False
+    assert webshop_actions_agree("search[shoes]", "search[ ]") is False
+    assert webshop_actions_agree("search[shoes]", "buy now") is False
+    assert webshop_actions_agree("buy now", "search[shoes]") is False
+
+
+def test_source_weights_default_temperature_is_0_1():
+    # softmax([0.9, 0.8] / 0.1) = softmax([9, 8]) = [e, 1] / (e + 1)
+    e = math.e
+    assert source_weights([0.9, 0.8]).tolist() == close([e / (e + 1), 1 / (e + 1)], rel=1e-12)
+
+
+def test_correspondence_confidence_default_threshold_and_clamp():
+    # tau = 0.7: (0.85 - 0.7) / 0.3 = 0.5
+    assert correspondence_confidence([0.85], [1.0]) == close(0.5, rel=1e-12)
+    # a source below tau contributes 0, not a negative amount: 0.5 * 0 + 0.5 * 0.5
+    assert correspondence_confidence([0.4, 0.85], [0.5, 0.5]) == close(0.25, rel=1e-12)
+    # a similarity above 1 (cosine rounding) contributes at most 1: (1.5 - 0.5) / 0.5 = 2 -> 1
+    assert correspondence_confidence([1.5], [1.0], threshold=0.5) == close(1.0, rel=1e-12)
+
+
+def test_correction_strength_default_alpha_max_and_full_range():
+    assert correction_strength(0.5) == close(0.8 * 0.5, rel=1e-12)
+    assert correction_strength(0.25, alpha_max=1.0) == close(0.25, rel=1e-12)
+    assert correction_strength(1.5, alpha_max=1.0) == close(1.0, rel=1e-12)
+
+
+def test_cross_teacher_logprobs_keeps_float64_precision():
+    # one source with weight 1: the score is the source's log-probs exactly, in float64 (-0.1 has no float32 twin)
+    expected = torch.tensor([-0.1, -0.3], dtype=F64)
+    assert torch.equal(cross_teacher_logprobs([[-0.1, -0.3]], [1.0], mode="log_mean"), expected)
+    assert torch.equal(cross_teacher_logprobs([[-0.1, -0.3]], [1.0]), expected)
+
+
+def test_corrected_token_gap_default_alpha_and_no_cross_scores():
+    diagonal, student, cross = [-1.0, -2.0], [-1.5, -1.0], [-0.5, -0.5]
+    # alpha defaults to 0: the diagonal gap log p_diag - log pi_old
+    assert corrected_token_gap(diagonal, student, cross).tolist() == close([0.5, -1.0], rel=1e-12)
+    # no source: the diagonal gap whatever alpha is
+    assert corrected_token_gap(diagonal, student, None, alpha=0.5).tolist() == close([0.5, -1.0], rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outcome advantage and the invalid-action residual (hand calculations; mean and unbiased std).
+
+
+def test_group_outcome_advantage_default_scope_is_turn_rows():
+    # rows [1, 1, 1, 0]: mu = 0.75, sigma^2 = (3 * 0.0625 + 0.5625) / 3 = 0.25, sigma = 0.5
+    out = group_outcome_advantage([1.0, 0.0], [3, 1])
+    assert out.tolist() == close([0.25 / (0.5 + 1e-6), -0.75 / (0.5 + 1e-6)], rel=1e-12)
+
+
+def test_group_outcome_advantage_zero_turn_trajectories_and_few_rows():
+    # a trajectory without turns adds no row: rows [1, 0], mu = 0.5, sigma = sqrt(0.5)
+    out = group_outcome_advantage([1.0, 0.0, 0.5], [1, 1, 0])
+    s = math.sqrt(0.5) + 1e-6
+    assert out.tolist() == close([0.5 / s, -0.5 / s, 0.0], rel=1e-12, abs=1e-15)
+    # no rows at all, one row only, or an empty group: zeros
+    assert group_outcome_advantage([1.0, 0.0], [0, 0]).tolist() == [0.0, 0.0]
+    assert group_outcome_advantage([1.0, 0.0], [1, 0]).tolist() == [0.0, 0.0]
+    assert group_outcome_advantage([], []).numel() == 0
+
+
+def test_group_outcome_advantage_unscaled_and_epsilon():
+    # two trajectories, no std division: R - mu
+    out = group_outcome_advantage([1.0, 0.0], [1, 1], scope="trajectory", scale=False)
+    assert out.tolist() == close([0.5, -0.5], rel=1e-12)
+    # sigma = sqrt(0.5); 0.5 / (sqrt(0.5) + 0.5) = 1 / (sqrt(2) + 1) = sqrt(2) - 1
+    out = group_outcome_advantage([1.0, 0.0], [1, 1], scope="trajectory", epsilon=0.5)
+    assert out.tolist() == close([math.sqrt(2) - 1, 1 - math.sqrt(2)], rel=1e-12)
+
+
+def test_invalid_action_residual_default_coefficient_unscaled():
+    # c = 0.1: penalised rows [0.9, 1.0] centred [-0.05, 0.05]; rows [1, 1] centred [0, 0]
+    expected = [-0.05, 0.05]
+    assert invalid_action_residual([1.0, 1.0], [True, False], scale=False).tolist() == close(expected, rel=1e-12)
+    # the flags are truth values: a count of 2 invalid actions is one penalty
+    assert invalid_action_residual([1.0, 1.0], [2, 0], scale=False).tolist() == close(expected, rel=1e-12)
+
+
+def test_invalid_action_residual_scaled_two_rows_and_one_row():
+    # penalised [0.9, 1.0]: centred +-0.05, unbiased std sqrt(2 * 0.05^2) = sqrt(0.005); rows [1, 1]: 0 / eps = 0
+    s = math.sqrt(0.005) + 1e-6
+    assert invalid_action_residual([1.0, 1.0], [True, False]).tolist() == close([-0.05 / s, 0.05 / s], rel=1e-9)
+    # one row: mean 0, std 1, so (0 - 1) / (1 + eps) with c = 1
+    assert invalid_action_residual([1.0], [True], coefficient=1.0).tolist() == close([-1.0 / (1.0 + 1e-6)], rel=1e-12)
+
+
+def test_invalid_action_residual_is_exactly_zero_without_penalty():
+    assert invalid_action_residual([1.0, 0.0], [True, False], coefficient=0.0).tolist() == [0.0, 0.0]
+    # all actions valid: exactly 0, the rewards are not even read (an infinite one included)
+    assert invalid_action_residual([math.inf, 1.0], [False, False]).tolist() == [0.0, 0.0]
