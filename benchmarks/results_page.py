@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from taspo_trl.credit.quality import credit_verdict
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
@@ -73,14 +75,15 @@ def credit_quality(result: dict[str, Any]) -> str:
         "trajectories an AUC above 0.5 means progress actions get more of the reward; in failed ones an AUC below "
         "0.5 means they get less of the blame. GRPO is 0.5 by construction.",
         "",
-        "| method | AUC won [95 %] | moved | AUC failed [95 %] | moved | won: minus GRPO | failed: minus GRPO |",
-        "|---|---|---|---|---|---|---|",
+        "| method | AUC won [95 %] | moved | verdict, won | AUC failed [95 %] | moved | verdict, failed "
+        "| won: minus GRPO | failed: minus GRPO |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for method, entry in result["methods"].items():
         cells = []
         for pool in ("success", "failed"):
             cells += [_with_interval(entry["scores"][pool]["auc"], entry["intervals"][pool]["auc"]),
-                      f"{entry['moved'][pool]:.2f}"]
+                      f"{entry['moved'][pool]:.2f}", _verdict(entry, pool)]
         for pool in ("success", "failed"):
             diff = entry["intervals"][pool].get("minus_grpo")
             cells.append("-" if diff is None else _with_interval(diff["estimate"], diff, signed=True))
@@ -90,7 +93,11 @@ def credit_quality(result: dict[str, Any]) -> str:
     lines += ["", f"Intervals: 95 % percentile bootstrap over whole task groups ({bootstrap['resamples']} resamples"
               f"{added}). *moved*: the share of trajectories whose weights are not all 1. Actions counted (progress "
               f"/ other): won {counts['success']['progress_actions']} / {counts['success']['other_actions']}, failed "
-              f"{counts['failed']['progress_actions']} / {counts['failed']['other_actions']}."]
+              f"{counts['failed']['progress_actions']} / {counts['failed']['other_actions']}. *verdict*: right way "
+              "when the whole interval lies on the side of 0.5 where progress actions get more reward (won) or less "
+              "blame (failed), wrong way when it lies on the other side, no clear effect when it holds 0.5."]
+    for method, note in result.get("superseded", {}).items():
+        lines += ["", f"Note on {method}: {note}"]
     lines += ["", "Per batch (sampling seed), AUC won / failed:", "",
               "| method | " + " | ".join(f"seed {b['seed']}" for b in result["per_batch"]) + " |",
               "|---|" + "---|" * len(result["per_batch"])]
@@ -98,6 +105,33 @@ def credit_quality(result: dict[str, Any]) -> str:
         cells = [f"{_auc(b['methods'][method]['success']['auc'])} / {_auc(b['methods'][method]['failed']['auc'])}"
                  for b in result["per_batch"]]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _verdict(entry: dict[str, Any], pool: str) -> str:
+    interval = entry["intervals"][pool]["auc"]
+    return credit_verdict(pool, interval["low"], interval["high"], entry["moved"][pool])
+
+
+def credit_replication(*results: dict[str, Any]) -> str:
+    """Each method's verdict per pool in every run, and whether it holds across them (not asked of a method that a
+    run marks ``superseded``: its credit was computed by code that has since been replaced)."""
+    labels = [f"{r['settings']['batches']} batches, {r.get('precision') or 'bf16 autocast'}, "
+              f"{r['provenance']['date'][:10]}" for r in results]
+    lines = ["The same games and sampling seeds, played again on another CPU, with another build of the warm start "
+             "and another precision. A verdict that changes between the runs is not a finding.", "",
+             "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
+    methods = [m for m in results[0]["methods"] if all(m in r["methods"] for r in results)]
+    for method in methods:
+        for pool, name in (("success", "won"), ("failed", "failed")):
+            verdicts = [_verdict(r["methods"][method], pool) for r in results]
+            cells = [f"{v} ({_auc(r['methods'][method]['scores'][pool]['auc'])})" for v, r in zip(verdicts, results)]
+            holds = "yes" if len(set(verdicts)) == 1 else "no"
+            if any(method in r.get("superseded", {}) for r in results):
+                holds = "n/a: the method changed"
+            lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {holds} |")
+    for method, note in ((m, n) for r in results for m, n in r.get("superseded", {}).items()):
+        lines += ["", f"Note on {method}: {note}"]
     return "\n".join(lines)
 
 
@@ -135,20 +169,26 @@ def pi_specificity(result: dict[str, Any]) -> str:
     ])
 
 
-SECTIONS: list[tuple[str, str, Callable[[dict[str, Any]], str]]] = [
-    ("Credit quality: does the credit go to the actions that mattered?", "credit_quality_sampled_bf16.json",
-     credit_quality),
-    ("Learning curve (CPU setting)", "learning_curve_cpu.json", learning_curve),
-    ("Does the policy read its privileged context?", "pi_specificity.json", pi_specificity),
+CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
+CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
+
+SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
+    ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
+    ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
+    ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
+    ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
+    ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
 ]
+"""Title, the result files it is rendered from, and the function that renders them (one argument per file)."""
 
 
 def render(results_dir: Path = RESULTS) -> str:
     """The whole results page, from the JSON files in ``results_dir``."""
     parts = [HEADER]
-    for title, file_name, section in SECTIONS:
-        result = json.loads((results_dir / file_name).read_text())
-        parts.append(f"## {title}\n\n{section(result)}\n\n{_provenance(result, file_name)}\n")
+    for title, file_names, section in SECTIONS:
+        results = [json.loads((results_dir / name).read_text()) for name in file_names]
+        sources = "\n".join(_provenance(result, name) for result, name in zip(results, file_names))
+        parts.append(f"## {title}\n\n{section(*results)}\n\n{sources}\n")
     return "\n".join(parts)
 
 
@@ -179,7 +219,7 @@ def _summary_pi(result: dict[str, Any]) -> str:
 
 SUMMARY: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
     ("Credit quality on ALFWorld: AUC of the action weights against the planner's progress labels, won / failed "
-     "trajectories, 95 % group-bootstrap intervals", "credit_quality_sampled_bf16.json",
+     "trajectories, 95 % group-bootstrap intervals", CREDIT_QUALITY,
      "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_credit),
     ("Learning curve, CPU setting: `eval_unseen` wins", "learning_curve_cpu.json", "learning-curve-cpu-setting",
      _summary_curve),

@@ -24,7 +24,7 @@ def test_committed_results_page_matches_the_json(page):
 def test_readme_results_table_matches_the_json(page):
     readme = page.README.read_text(encoding="utf-8")
     assert page.with_readme_table(readme, page.render_readme_table()) == readme, "run python benchmarks/results_page.py"
-    assert "taspo 0.575 [0.484, 0.657] / 0.430 [0.354, 0.498]" in readme
+    assert "taspo 0.488 [0.424, 0.578] / 0.511 [0.446, 0.572]" in readme
 
 
 def test_a_changed_json_value_changes_the_page(page, tmp_path):
@@ -36,9 +36,13 @@ def test_a_changed_json_value_changes_the_page(page, tmp_path):
     data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
     path.write_text(json.dumps(data))
     changed = page.render(results)
-    assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | 0.430 [0.354, 0.498] |" in changed
+    assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | no clear effect | 0.430 [0.354, 0.498] | 0.93 | right way |" in changed
     assert "| taspo | 0.575 [0.484, 0.657] |" in page.render() and changed != page.render()
-    assert "taspo 0.610 [0.484, 0.657]" in page.render_readme_table(results)
+    current = results / "credit_quality_sampled_float32.json"  # the README summarises the current run
+    data = json.loads(current.read_text())
+    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
+    current.write_text(json.dumps(data))
+    assert "taspo 0.610 [0.424, 0.578]" in page.render_readme_table(results)
 
 
 def test_check_mode_fails_on_a_stale_page_or_readme(page, tmp_path, monkeypatch, capsys):
@@ -63,10 +67,11 @@ def test_a_readme_without_the_markers_is_refused(page):
 
 def test_every_section_states_date_commit_cpu_and_command(page):
     text = page.render()
-    for _title, file_name, _section in page.SECTIONS:
-        block = text.split(f"- Data: `benchmarks/results/{file_name}`", 1)[1].split("\n## ", 1)[0]
-        for field in ("- Measured: 20", "commit `", "- CPU: ", "(flags: ", "- Command: `python benchmarks/"):
-            assert field in block, (file_name, field)
+    for _title, file_names, _section in page.SECTIONS:
+        for file_name in file_names:
+            block = text.split(f"- Data: `benchmarks/results/{file_name}`", 1)[1].split("\n## ", 1)[0]
+            for field in ("- Measured: 20", "commit `", "- CPU: ", "(flags: ", "- Command: `python benchmarks/"):
+                assert field in block, (file_name, field)
 
 
 def test_a_result_without_provenance_is_refused(page, tmp_path):
@@ -89,3 +94,16 @@ def test_provenance_reads_the_cpu_and_the_command(tmp_path):
     assert record["cpu_flags"] == ["avx2"]
     assert record["command"] == "python benchmarks/credit_quality.py --batches 2"
     assert record["date"].endswith(" UTC")
+
+
+def test_replication_says_whether_each_verdict_holds(page):
+    earlier = json.loads((page.RESULTS / "credit_quality_sampled_bf16.json").read_text())
+    current = json.loads(json.dumps(earlier))
+    del current["superseded"]
+    current["methods"]["taspo"]["intervals"]["failed"]["auc"].update(low=0.45, high=0.55)  # now holds 0.5
+    text = page.credit_replication(current, earlier)
+    # TASPO failed: [0.354, 0.498] lies below 0.5 (right way); [0.45, 0.55] holds it.
+    assert "| taspo | failed | no clear effect (0.430) | right way (0.430) | no |" in text
+    assert "| taspo | won | no clear effect (0.575) | no clear effect (0.575) | yes |" in text
+    assert "| gigpo | failed | wrong way (0.573) | wrong way (0.573) | n/a: the method changed |" in text
+    assert "| grpo | won | no credit moved (0.500) | no credit moved (0.500) | yes |" in text
