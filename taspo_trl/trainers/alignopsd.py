@@ -304,13 +304,14 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
     ) -> None:
         """The official SDAR auxiliary loss (``algorithm.sdar_aux``; ``compute_sdar_loss`` on the diagonal teacher
         log-probs), added in place as its gradient-equivalent advantage coef * sigma(beta Delta_t) on every scored
-        token. Turns without a diagonal score keep their advantage."""
+        token. Turns without a finite diagonal score of every response token keep their advantage."""
         args, added = self.args, []
         for (i, t), gap in diagonal_gaps.items():
             student = plain_turns.get((i, t))
-            if student is None or gap.numel() == 0:
+            # A gap that misses some of the turn's tokens, or is not finite, would misplace or poison the term.
+            if student is None or gap.numel() == 0 or student.numel() != gap.numel() or not bool(torch.isfinite(gap).all()):
                 continue
-            student = student[: gap.numel()].double()
+            student = student.double()
             term = gradient_equivalent_advantages(
                 sdar_loss, student[None], (gap.double() + student)[None], torch.ones(1, gap.numel()),
                 coef=args.sdar_aux_coef, beta=args.sdar_aux_gate_beta,
