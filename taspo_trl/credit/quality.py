@@ -147,9 +147,6 @@ def moved_share(per_trajectory_weights: Sequence[Sequence[float] | None], tolera
     return sum(any(abs(x - 1.0) > tolerance for x in w) for w in scored) / len(scored)
 
 
-VERDICTS = ("right way", "wrong way", "no clear effect", "no credit moved")
-
-
 def credit_verdict(pool: str, low: float | None, high: float | None, moved: float | None) -> str:
     """What an AUC interval says about a method on one pool of trajectories.
 
