@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
+from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -322,3 +325,42 @@ def test_sdar_auxiliary_is_off_by_default_with_the_launcher_values(tmp_path):
     config = AlignOPSDConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     # algorithm.sdar_aux of the official beyond_timestamps_trainer.yaml: enabled false, coef 0.01, gate_beta 5.0
     assert (config.sdar_aux, config.sdar_aux_coef, config.sdar_aux_gate_beta) == (False, 0.01, 5.0)
+
+
+def _sdar_host(coef: float, beta: float) -> SimpleNamespace:
+    """What ``_add_sdar_auxiliary`` reads of a trainer: its two settings, the metrics store and the mode."""
+    return SimpleNamespace(args=SimpleNamespace(sdar_aux_coef=coef, sdar_aux_gate_beta=beta),
+                           _metrics=defaultdict(lambda: defaultdict(list)), model=SimpleNamespace(training=True))
+
+
+def test_sdar_auxiliary_term_by_hand():
+    """c = 0.1, beta = 1. Turn 0 (advantage 0.4 on every token) has gaps [ln 3, 0, -ln 3]: sigma = [3/4, 1/2, 1/4],
+    so it gains [0.075, 0.05, 0.025]. Turn 1 carries per-token advantages [0.3, -0.2] and gaps [ln 9, -ln 9]:
+    sigma = [9/10, 1/10], so [0.39, -0.19]: the term only ever adds. Turn 2 has no diagonal score, turn 3 a NaN gap,
+    turn 4 a gap shorter than its response: all three keep 0.4. Logged mean (0.075 + 0.05 + 0.025 + 0.09 + 0.01) / 5."""
+    host = _sdar_host(0.1, 1.0)
+    advantages = [[0.4, [0.3, -0.2], 0.4, 0.4, 0.4]]
+    gaps = {
+        (0, 0): torch.tensor([math.log(3), 0.0, -math.log(3)]),
+        (0, 1): torch.tensor([math.log(9), -math.log(9)]),
+        (0, 3): torch.tensor([float("nan"), 0.0]),
+        (0, 4): torch.tensor([0.5]),
+    }
+    plain = {(0, 0): torch.tensor([-1.0, -2.0, -0.5]), (0, 1): torch.tensor([-3.0, -0.1]), (0, 2): torch.tensor([-1.0]),
+             (0, 3): torch.tensor([-1.0, -1.0]), (0, 4): torch.tensor([-1.0, -1.0])}
+    AlignOPSDTrainer._add_sdar_auxiliary(host, advantages, gaps, plain)
+    assert advantages[0][0] == pytest.approx([0.475, 0.45, 0.425], abs=1e-9)
+    assert advantages[0][1] == pytest.approx([0.39, -0.19], abs=1e-9)
+    assert advantages[0][2:] == [0.4, 0.4, 0.4]
+    assert host._metrics["train"]["alignopsd/sdar_aux_mean"] == pytest.approx([0.05], abs=1e-9)
+
+
+def test_sdar_auxiliary_term_on_the_official_fixture():
+    """The inputs of the official SDAR auxiliary test (student log-probs [-2, -1], teacher [-1, -2]) with the
+    launcher's c = 0.01, beta = 5: gate [sigma(5), sigma(-5)] = [0.9933071, 0.0066929], so the gradient-equivalent
+    advantage on a zero outcome advantage is 0.01 x gate."""
+    host = _sdar_host(0.01, 5.0)
+    student, teacher = torch.tensor([-2.0, -1.0]), torch.tensor([-1.0, -2.0])
+    advantages = [[0.0]]
+    AlignOPSDTrainer._add_sdar_auxiliary(host, advantages, {(0, 0): teacher - student}, {(0, 0): student})
+    assert advantages[0][0] == pytest.approx([0.009933071, 0.000066929], abs=1e-9)
