@@ -623,3 +623,13 @@ def test_teacher_version_is_the_last_refresh_at_or_before_the_step(step, period)
     version = teacher_version(step, period)
     assert version % period == 0 and version <= step < version + period
     assert teacher_version(version, period) == version  # a refresh step holds its own policy
+
+
+def test_gigpo_groups_tensor_group_ids_by_value():
+    """Group ids given as a tensor group by their values, as a list does (a tensor's elements hash by identity).
+    Scores [1, 0, 1, 0] in groups [0, 0, 1, 1], one step each, norm "mean": each group's mean is 0.5, so
+    A_E = [0.5, -0.5, 0.5, -0.5]; two steps in one task group with the same text share an anchor label."""
+    ids = torch.tensor([0, 0, 1, 1])
+    episode = gigpo_episode_advantages([1.0, 0.0, 1.0, 0.0], [1, 1, 1, 1], ids)
+    assert episode.tolist() == [0.5, -0.5, 0.5, -0.5]
+    assert anchor_state_groups([["room"], ["room"]], torch.tensor([3, 3])) == [[0], [0]]

@@ -196,7 +196,7 @@ def discounted_returns(rewards: Sequence[float], gamma: float = 0.95) -> list[fl
 
 def anchor_state_groups(
     observations: Sequence[Sequence[str]],
-    group_ids: Sequence[Hashable],
+    group_ids: Sequence[Hashable] | torch.Tensor,
     similarity_threshold: float | None = None,
 ) -> list[list[int]]:
     """Anchor-state group label of every step (GiGPO Eq. 6; verl-agent ``build_step_group``).
@@ -214,6 +214,7 @@ def anchor_state_groups(
         group_ids: per trajectory, its task group (the GRPO group; siblings share it).
         similarity_threshold: None (exact text) or the SequenceMatcher ratio in (0, 1) that merges two states.
     """
+    group_ids = _group_keys(group_ids)
     if len(observations) != len(group_ids):
         raise ValueError(f"{len(observations)} trajectories but {len(group_ids)} group ids")
     if similarity_threshold is not None and not 0.0 < similarity_threshold < 1.0:
@@ -241,6 +242,11 @@ def anchor_state_groups(
     return out
 
 
+def _group_keys(group_ids: Sequence[Hashable] | torch.Tensor) -> list[Hashable]:
+    # The elements of a tensor are new objects on every access, hashed by identity: as dict keys no two would match.
+    return group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+
+
 def _check_norm(norm: str) -> None:
     if norm not in GIGPO_NORMS:
         raise ValueError(f"norm must be one of {GIGPO_NORMS}, got {norm!r}")
@@ -254,7 +260,7 @@ def _normalized(value: float, mean: float, std: float, norm: str, eps: float) ->
 def gigpo_episode_advantages(
     episode_scores: Sequence[float],
     step_counts: Sequence[int],
-    group_ids: Sequence[Hashable],
+    group_ids: Sequence[Hashable] | torch.Tensor,
     norm: str = "mean",
     eps: float = 1e-6,
 ) -> torch.Tensor:
@@ -276,6 +282,7 @@ def gigpo_episode_advantages(
         [N] float64 tensor.
     """
     _check_norm(norm)
+    group_ids = _group_keys(group_ids)
     if not len(episode_scores) == len(step_counts) == len(group_ids):
         raise ValueError(
             f"{len(episode_scores)} scores, {len(step_counts)} step counts and {len(group_ids)} group ids"
@@ -288,7 +295,7 @@ def gigpo_episode_advantages(
         for gid, group in ((gid, torch.tensor(values, dtype=torch.float64)) for gid, values in rows.items())
     }
     advantages = [
-        _normalized(float(score), *stats.get(gid, (0.0, 1.0)), norm, eps)
+        _normalized(float(score), *stats[gid], norm, eps)
         for score, gid in zip(episode_scores, group_ids, strict=True)
     ]
     return torch.tensor(advantages, dtype=torch.float64)
@@ -297,7 +304,7 @@ def gigpo_episode_advantages(
 def gigpo_step_advantages(
     observations: Sequence[Sequence[str]],
     step_rewards: Sequence[Sequence[float]],
-    group_ids: Sequence[Hashable],
+    group_ids: Sequence[Hashable] | torch.Tensor,
     gamma: float = 0.95,
     norm: str = "mean",
     eps: float = 1e-6,
@@ -352,7 +359,7 @@ def gigpo_step_advantages(
 def gigpo_advantages(
     observations: Sequence[Sequence[str]],
     step_rewards: Sequence[Sequence[float]],
-    group_ids: Sequence[Hashable],
+    group_ids: Sequence[Hashable] | torch.Tensor,
     omega: float = 1.0,
     gamma: float = 0.95,
     norm: str = "mean",
