@@ -240,7 +240,7 @@ def test_gibbs_weights_take_token_counts_as_a_tensor() -> None:
             lambda: gibbs_weights([0.0, 0.0], [1, 1], [(0, 2)], temperature=-INF),
             "temperature must be a number > 0, got -inf",
         ),
-        (lambda: gibbs_weights([0.0, 0.0], [1], [(0, 2)]), "one token count per turn is required"),
+        (lambda: gibbs_weights([0.0, 0.0], [1], [(0, 2)]), "1 token counts for 2 turns"),
         (lambda: gibbs_weights([0.0, 0.0], [1, -1], [(0, 2)]), "token counts must be >= 0, got [1, -1]"),
         (
             lambda: gibbs_weights([0.0, 0.0, 0.0], [1, 1, 1], [(0, 1), (2, 3)]),
@@ -268,3 +268,9 @@ def test_gibbs_weights_error_messages_name_the_bad_argument(call: Callable[[], o
     """Every refused argument is named with its value or shape, whether or not some evidence is nonzero."""
     with pytest.raises(ValueError, match=exactly(message)):
         call()
+
+
+def test_span_evidence_leaves_out_a_tokenless_turn_even_when_its_placeholder_is_not_finite() -> None:
+    """Turns 0 and 2 have tokens (evidence 0.2 and 0.4), turn 1 none and a NaN placeholder: E = (0.2 + 0.4) / 2."""
+    e = span_evidence([0.2, float("nan"), 0.4], [(0, 3)], token_counts=[3, 0, 1])
+    assert e.tolist() == pytest.approx([0.3], abs=1e-12)

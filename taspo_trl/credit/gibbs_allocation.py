@@ -47,11 +47,11 @@ def _mask(values: MaskLike | None, size: int, name: str) -> torch.Tensor | None:
     return out
 
 
-def _positive_temperature(value: float, name: str, allow_inf: bool = False) -> float:
+def _positive_temperature(value: float) -> float:
+    # +inf is allowed: it turns the allocation off (all weights 1).
     value = float(value)
-    ok = value > 0 and (math.isfinite(value) or (allow_inf and value == math.inf))
-    if not ok:
-        raise ValueError(f"{name} must be a {'' if allow_inf else 'finite '}number > 0, got {value!r}")
+    if not value > 0:
+        raise ValueError(f"temperature must be a number > 0, got {value!r}")
     return value
 
 
@@ -122,7 +122,8 @@ def span_evidence(
         raise ValueError(f"{len(counts)} token counts for {e.numel()} turns")
     span_id = _span_ids(spans, e.numel())
     member = torch.ones_like(e) if counts is None else (torch.tensor(counts, dtype=WEIGHT_DTYPE) > 0).to(e.dtype)
-    sums = torch.zeros(len(spans), dtype=WEIGHT_DTYPE).index_add_(0, span_id, e * member)
+    # where, not e * member: a left-out turn's placeholder may be NaN, and NaN * 0 is NaN.
+    sums = torch.zeros(len(spans), dtype=WEIGHT_DTYPE).index_add_(0, span_id, torch.where(member > 0, e, 0.0))
     sizes = torch.zeros(len(spans), dtype=WEIGHT_DTYPE).index_add_(0, span_id, member)
     return torch.where(sizes > 0, sums / sizes.clamp_min(1.0), torch.zeros_like(sums))
 
@@ -167,7 +168,7 @@ def hierarchical_weights(
     if len(counts) != e.numel():
         raise ValueError(f"{len(counts)} token counts for {e.numel()} turns")
     spans = _check_partition(spans, e.numel())
-    temperature = _positive_temperature(temperature, "temperature", allow_inf=True)
+    temperature = _positive_temperature(temperature)
     if not bool(torch.isfinite(e).all()):
         raise ValueError("evidence must be finite")
     w = torch.ones_like(e)
@@ -295,9 +296,9 @@ def gibbs_weights(
         raise ValueError("evidence must be finite")
     if not bool((e != 0).any()):
         _check_partition(spans, e.numel())
-        _positive_temperature(temperature, "temperature", allow_inf=True)
+        _positive_temperature(temperature)
         if len(_counts(token_counts)) != e.numel():
-            raise ValueError("one token count per turn is required")
+            raise ValueError(f"{len(_counts(token_counts))} token counts for {e.numel()} turns")
         return torch.ones_like(e)
     raw = hierarchical_weights(e, token_counts, spans, temperature=temperature)
     return bounded_normalize(raw, token_counts, eps=eps)
