@@ -11,7 +11,7 @@ back to when the shipped fingerprint does not match), under bf16 autocast where 
 ``--check`` prints, per adapter tensor, the largest difference from the shipped one relative to that tensor's
 largest entry, and fails above ``--tolerance``. With the shipped precision, library versions and thread count
 (``built_with`` in its ``warm_start.json``) a rebuild is bit for bit; other thread counts or CPUs reorder float
-sums and move the adapter by a small fraction (the README quotes the measured figure).
+sums and move the adapter by a small fraction (docs/warm-start.md has the measured figures).
 """
 
 from __future__ import annotations
