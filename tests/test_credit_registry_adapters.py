@@ -31,6 +31,7 @@ BUILT_INS = ("gigpo", "grpo_opsd", "opd", "opid", "opsd", "rlsd", "sdar", "skill
 H = math.log(3.0) / 2  # sigmoid(2 H) = 3/4, sigmoid(-2 H) = 1/4
 R2 = math.sqrt(2.0)
 R15 = math.sqrt(15.0)
+Registry = dict[str, CreditMethod]
 
 
 def exactly(message: str) -> str:
@@ -63,7 +64,7 @@ def assert_tensor(actual: torch.Tensor, expected: list[list[float]]) -> None:
 
 
 @pytest.fixture
-def registry() -> Iterator[dict[str, CreditMethod]]:
+def registry() -> Iterator[Registry]:
     """The registry, restored after the test (whatever it registered is removed)."""
     before = dict(CREDIT_METHODS)
     try:
@@ -96,29 +97,30 @@ def test_the_comparison_methods_are_registered_with_their_call_convention() -> N
     assert {n for n in BUILT_INS if not CREDIT_METHODS[n].outcome} == {"opsd", "opd"}
 
 
-def test_register_credit_stores_the_name_trimmed_and_lower_case_and_titles_it_so(registry: dict) -> None:
+def test_register_credit_stores_the_name_trimmed_and_lower_case_and_titles_it_so(registry: Registry) -> None:
     """Surrounding spaces go and case folds, in the key, the method's name and its default title; the function
     comes back unchanged, and the lookup folds its argument the same way."""
     assert register_credit("  Adapter_Test  ", first_method) is first_method
     method = registry["adapter_test"]
-    assert (method.name, method.fn, method.title, method.teacher) == ("adapter_test", first_method, "adapter_test", None)
+    assert (method.name, method.fn, method.title) == ("adapter_test", first_method, "adapter_test")
+    assert method.teacher is None
     assert get_credit("  ADAPTER_test ") is method
 
 
-def test_register_credit_keeps_every_setting_it_is_given(registry: dict) -> None:
+def test_register_credit_keeps_every_setting_it_is_given(registry: Registry) -> None:
     """The ``CreditMethod`` settings reach the entry, a given title replacing the default one."""
     register_credit("adapter_test", first_method, teacher="self", outcome=False, distill_coef=0.3, title="Mine")
     method = registry["adapter_test"]
     assert (method.teacher, method.outcome, method.distill_coef, method.title) == ("self", False, 0.3, "Mine")
 
 
-def test_register_credit_as_a_decorator_registers_and_returns_the_function(registry: dict) -> None:
+def test_register_credit_as_a_decorator_registers_and_returns_the_function(registry: Registry) -> None:
     """``register_credit(name, **spec)`` without a function is a decorator that leaves the function as it is."""
     assert register_credit("Adapter_Test", teacher="external")(first_method) is first_method
     assert registry["adapter_test"].fn is first_method and registry["adapter_test"].teacher == "external"
 
 
-def test_registering_the_same_function_again_is_a_no_op(registry: dict) -> None:
+def test_registering_the_same_function_again_is_a_no_op(registry: Registry) -> None:
     """A second registration of the same function under the same name and settings leaves an equal entry."""
     register_credit("adapter_test", first_method, title="Mine")
     entry = registry["adapter_test"]
@@ -126,7 +128,7 @@ def test_registering_the_same_function_again_is_a_no_op(registry: dict) -> None:
     assert registry["adapter_test"] == entry
 
 
-def test_a_taken_name_is_refused_and_keeps_its_method(registry: dict) -> None:
+def test_a_taken_name_is_refused_and_keeps_its_method(registry: Registry) -> None:
     """Another function under a taken name (in any case) is refused, naming the method already there."""
     register_credit("adapter_test", first_method)
     with pytest.raises(ValueError, match=exactly(
@@ -145,7 +147,7 @@ def test_register_credit_refuses_an_empty_name(registry: dict, name: str) -> Non
     assert registry == before
 
 
-def test_register_credit_refuses_an_unknown_teacher(registry: dict) -> None:
+def test_register_credit_refuses_an_unknown_teacher(registry: Registry) -> None:
     """A teacher outside ``TEACHERS`` is refused with the allowed values, and nothing is registered."""
     assert TEACHERS == (None, "self", "external")
     with pytest.raises(ValueError, match=exactly("teacher must be one of (None, 'self', 'external'), got 'ema'.")):
@@ -281,8 +283,8 @@ def test_rlsd_is_grpo_once_its_lambda_has_decayed() -> None:
 def test_rlsd_reports_its_lambda_at_the_step(step: int, lam: float) -> None:
     """RLSD's metric is lambda_0 max(0, 1 - (step + 1) / decay): 0.8 (1 - 1/4) = 0.6, 0.8 (1 - 2/4) = 0.4,
     then 0 from step 3 on; the other methods report no extra metric."""
-    metrics = get_credit("rlsd").metrics
-    assert metrics(SimpleNamespace(rlsd_lambda=0.8, rlsd_decay_steps=4), step) == {"baseline/rlsd_lambda": pytest.approx(lam)}
+    metrics = get_credit("rlsd").metrics(SimpleNamespace(rlsd_lambda=0.8, rlsd_decay_steps=4), step)
+    assert metrics == {"baseline/rlsd_lambda": pytest.approx(lam)}
     assert all(CREDIT_METHODS[name].metrics is None for name in BUILT_INS if name != "rlsd")
 
 
