@@ -28,7 +28,11 @@ or question set, every sibling by the environment's oracle with a random action 
 ``--epsilon`` (``taspo_trl.testing.noisy_oracle_plan``), scored with the real log-probs of ``--model`` (default: the
 embedded base model). Their labels: WebShop, the fewest steps left to a purchase scoring 1 went down
 (``taspo_trl.envs.webshop.progress``); Search-QA, a search found a fact the answer needs, or the answer was right
-(``taspo_trl.envs.search.progress``).
+(``taspo_trl.envs.search.progress``). The oracle's actions carry no ``<think>`` text, and AlignOPSD matches decision
+states by their thinking only (a turn without it is ineligible, as in the official code), so on these siblings its
+correspondence finds no source by construction and its credit is GRPO's: that row is not a verdict on the method.
+Cost on a 2-core AVX2 CPU in float32, with other jobs running: ``--env webshop --quick`` (4 tasks) took 484 s for
+the rollout and GRPO's credit and 270 s for TASPO's, so the default (16 tasks, 7 batches) is a many-hour run there.
 
 Each AUC comes with a 95 % interval from a bootstrap that resamples whole task groups (batch, group), since the
 actions of a trajectory and the trajectories of a group are not independent, and with the paired difference
