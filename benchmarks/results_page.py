@@ -68,12 +68,19 @@ def credit_quality(result: dict[str, Any]) -> str:
     summary = result["batch"]
     settings = result["settings"]
     precision = result.get("precision") or ("bf16 autocast" if settings.get("bf16") else "float32")
+    counted = (f"({summary['trajectories']} trajectories, {summary['won']} won, {summary['nonzero_advantage']} with a "
+               "non-zero advantage)")
+    if settings.get("env", "alfworld") == "alfworld":
+        played = (f"{settings['batches']} batches of {settings['siblings']} siblings {counted}, {settings['group_size']} "
+                  f"per game, up to {settings['max_turns']} turns, {precision}, policy `{settings['model']}`.")
+    else:
+        played = (f"{settings['batches']} batches of {settings['tasks']} {ENV_NAMES[settings['env']]} train tasks, "
+                  f"{settings['group_size']} siblings each played by the environment's oracle with a random action at "
+                  f"each turn with probability {settings['epsilon']} {counted}, scored by `{settings['model']}` in "
+                  f"{precision}.")
     lines = [
-        f"{settings['batches']} batches of {settings['siblings']} siblings ({summary['trajectories']} trajectories, "
-        f"{summary['won']} won, {summary['nonzero_advantage']} with a non-zero advantage), {settings['group_size']} "
-        f"per game, up to {settings['max_turns']} turns, {precision}, policy `{settings['model']}`. In won "
-        "trajectories an AUC above 0.5 means progress actions get more of the reward; in failed ones an AUC below "
-        "0.5 means they get less of the blame. GRPO is 0.5 by construction.",
+        played + " In won trajectories an AUC above 0.5 means progress actions get more of the reward; in failed ones "
+        "an AUC below 0.5 means they get less of the blame. GRPO is 0.5 by construction.",
         "",
         "| method | AUC won [95 %] | moved | verdict, won | AUC failed [95 %] | moved | verdict, failed "
         "| won: minus GRPO | failed: minus GRPO |",
@@ -169,13 +176,16 @@ def pi_specificity(result: dict[str, Any]) -> str:
     ])
 
 
+ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
+CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
+    ("Credit quality on Search-QA", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
 ]
