@@ -122,10 +122,11 @@ def span_evidence(
         raise ValueError(f"{len(counts)} token counts for {e.numel()} turns")
     span_id = _span_ids(spans, e.numel())
     member = torch.ones_like(e) if counts is None else (torch.tensor(counts, dtype=WEIGHT_DTYPE) > 0).to(e.dtype)
-    # where, not e * member: a left-out turn's placeholder may be NaN, and NaN * 0 is NaN.
+    # where, not e * member: a left-out turn's placeholder may be NaN, and NaN * 0 is NaN. A span with no member
+    # then sums to exactly 0, so 0 / 1 gives its E_s = 0.
     sums = torch.zeros(len(spans), dtype=WEIGHT_DTYPE).index_add_(0, span_id, torch.where(member > 0, e, 0.0))
     sizes = torch.zeros(len(spans), dtype=WEIGHT_DTYPE).index_add_(0, span_id, member)
-    return torch.where(sizes > 0, sums / sizes.clamp_min(1.0), torch.zeros_like(sums))
+    return sums / sizes.clamp_min(1.0)
 
 
 def _span_ids(spans: list[Span], num_turns: int) -> torch.Tensor:
