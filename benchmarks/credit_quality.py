@@ -31,8 +31,9 @@ embedded base model). Their labels: WebShop, the fewest steps left to a purchase
 (``taspo_trl.envs.search.progress``). The oracle's actions carry no ``<think>`` text, and AlignOPSD matches decision
 states by their thinking only (a turn without it is ineligible, as in the official code), so on these siblings its
 correspondence finds no source by construction and its credit is GRPO's: that row is not a verdict on the method.
-Cost on a 2-core AVX2 CPU in float32, with other jobs running: ``--env webshop --quick`` (4 tasks) took 484 s for
-the rollout and GRPO's credit and 270 s for TASPO's, so the default (16 tasks, 7 batches) is a many-hour run there.
+WebShop's pages make its prompts long: on a 2-core AVX2 CPU without bf16 instructions, in float32, one task group
+of 4 siblings costs about 32 s of rollout and GRPO credit and 42 s of TASPO rescoring (``--tasks 1 --batches 1``),
+so WebShop's default is 4 batches of 12 tasks (see below), not Search-QA's 7 of 16.
 
 Each AUC comes with a 95 % interval from a bootstrap that resamples whole task groups (batch, group), since the
 actions of a trajectory and the trajectories of a group are not independent, and with the paired difference
@@ -45,7 +46,11 @@ won-side AUC's 95 % half-width was 0.083-0.088, i.e. a standard error of about 0
 0.6 to get an interval excluding 0.5 four times in five, 0.1 must be at least (1.96 + 0.84) standard errors, so
 the standard error must fall to 0.1 / 2.8 = 0.036: 4 x (0.044 / 0.036)^2 = 6 batches, rounded up to 7 for the
 groups that win nothing. At about 9 minutes a batch (TASPO, AlignOPSD and GiGPO on this 2-core CPU) that is about
-an hour, the default. ``--quick`` is one batch of two families with 200 resamples, for smoke runs.
+an hour, the default. The same count in task groups: 4 ALFWorld batches gave 20 groups with a non-zero advantage,
+so 20 x (0.044 / 0.036)^2 = 30 such groups are needed. Search-QA's default (7 batches of 16 tasks) gave 89 of 112;
+WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage with probability
+1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33, in about an hour for GRPO, TASPO and
+GiGPO on that CPU. ``--quick`` is one batch of two families or 4 tasks with 200 resamples, for smoke runs.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
@@ -53,7 +58,7 @@ Not scored: Skill-GRPO (GRPO's credit; it changes the policy's prompt, hence the
 teacher model).
 
     python benchmarks/credit_quality.py --model embedded --siblings scripted
-    python benchmarks/credit_quality.py --env webshop --tasks 16
+    python benchmarks/credit_quality.py --env webshop --methods grpo taspo gigpo
     python benchmarks/credit_quality.py --quick
 """
 
@@ -103,7 +108,9 @@ ENVIRONMENTS = tuple(DEFAULT_MODELS)
 SIBLINGS = ("sampled", "scripted", "mixed")
 POOLS = ("success", "failed")
 REFERENCES = ("grpo", "taspo")  # paired differences are taken against these
-DEFAULT_BATCHES = 7  # see "How many batches" above
+DEFAULT_SIZES = {"alfworld": {"batches": 7, "tasks": 16}, "webshop": {"batches": 4, "tasks": 12},
+                 "search": {"batches": 7, "tasks": 16}}
+"""Per environment, the batches pooled and (WebShop, Search-QA) the tasks per batch; see "How many batches"."""
 QUICK = {"batches": 1, "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"], "tasks": 4,
          "resamples": 200}
 
@@ -411,9 +418,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--games-seed", type=int, default=0,
                         help="seed of the generated train games (0: the quickstart's, which the warm start saw)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first batch")
-    parser.add_argument("--batches", type=int, default=DEFAULT_BATCHES,
-                        help="batches to play on the same games and pool, batch b sampled with seed --seed + b")
-    parser.add_argument("--tasks", type=int, default=16, help="WebShop / Search-QA: train tasks per batch")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches to play on the same games and pool, batch b sampled with seed --seed + b "
+                             "(default: 7, WebShop 4)")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="WebShop / Search-QA: train tasks per batch (default: WebShop 12, Search-QA 16)")
     parser.add_argument("--epsilon", type=float, default=0.3,
                         help="WebShop / Search-QA: probability of a random action at each turn of a sibling")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap replicates for the intervals")
@@ -433,6 +442,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return rescore(args.rescore, args.resamples, args.seed)
     if args.quick:  # the quick setting fills in what the command line left at its default
         vars(args).update({k: v for k, v in QUICK.items() if getattr(args, k) == parser.get_default(k)})
+    vars(args).update({k: v for k, v in DEFAULT_SIZES[args.env].items() if getattr(args, k) is None})
     if args.env != "alfworld" and args.siblings == "sampled":
         args.siblings = "scripted"  # the embedded model cannot win WebShop or Search-QA: noisy-oracle siblings
     args.model = args.model or DEFAULT_MODELS[args.env]
