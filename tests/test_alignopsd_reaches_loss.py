@@ -60,7 +60,6 @@ from taspo_trl.credit.alignopsd import (
     structural_eligibility,
 )
 from taspo_trl.envs.alfworld import task_spec_rows
-from taspo_trl.precision import cpu_computes_bf16
 from taspo_trl.rollout.generation import Generation
 
 # The test's own forwards and the trainer's agree to ~1e-5 in log-prob on one CPU (LOGPROB_ATOL's note), but
@@ -279,18 +278,7 @@ def _flat(credit) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------------
 
 
-# Ablation B (no mixing) passes on an AVX512-BF16 box but is off by 0.0123 on a 2-core AMD EPYC with AVX2 only,
-# deterministically, while the other four agree to 2e-4 there. Traced that far: the whole difference sits on one
-# turn, the failed trajectory 2's first turn, whose prompt and response are identical to both winners' first
-# turns (so its candidate sources tie exactly); its tokens differ by a noise-like +-0.013 and its other turns only
-# by the renormalisation (5e-5). So the trainer's corrected gap for that turn differs from this expectation's: a
-# source or alpha chosen differently among exact ties. Embedding each distinct thinking text once in the trainer
-# (so identical texts tie bit for bit) did not change it. An expected failure on CPUs without bf16 instructions.
-_B_ON_THIS_CPU = pytest.mark.xfail(condition=cpu_computes_bf16() is False, raises=AssertionError, strict=False,
-                                   reason="off by 0.0123 on AVX2-only CPUs; a near-tie, cause not found")
-
-
-@pytest.mark.parametrize("ablation", ["E", "A", pytest.param("B", marks=_B_ON_THIS_CPU), "C", "D"])
+@pytest.mark.parametrize("ablation", ["E", "A", "B", "C", "D"])
 def test_alignopsd_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, encoder, monkeypatch, ablation):
     """A_i w_it + r_it of every turn (per token in ablation B), as TRL's loss receives them; the failure's
     reweighted credit ranks as its corrected gaps rank within a span (sign(A) < 0); alpha_max and

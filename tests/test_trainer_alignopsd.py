@@ -101,6 +101,31 @@ def test_hand_built_group_teacher_to_student_correspondence(encoder):
     assert any(c2.keys[s][0] == 0 for row in c2.rows_of(1) for s in c2.selected[row])
 
 
+class _PositionNoisyEncoder:
+    """Fixed unit vectors per text, nudged by 1e-6 x (position in the batch) towards the first axis: the way a
+    batched encoder's rounding can depend on where a text sits in the batch, made large and one-directional."""
+
+    VECTORS = {"find the apple": (1.0, 0.0), "the apple is likely on the countertop": (0.9, 0.4359)}
+
+    def encode(self, texts):
+        return torch.tensor([[x + 1e-6 * k, y] for k, t in enumerate(texts) for x, y in [self.VECTORS[t]]])
+
+
+def test_two_sources_with_the_same_thinking_tie_exactly_and_the_earlier_wins():
+    """Siblings 1 and 2 thought the same at turn 0 (cosine 0.9 with the target's thinking). Their similarities to
+    the target must be equal to the last bit, whatever batch positions the encoder saw them at, so that top_k = 1
+    keeps the earlier one, as select_sources's tie-break says; the later one used to win by rounding."""
+    group = [
+        _rollout([("find the apple", "go to countertop 1")], won=True),
+        _rollout([("the apple is likely on the countertop", "go to countertop 1")], won=True),
+        _rollout([("the apple is likely on the countertop", "go to countertop 1")], won=False),
+    ]
+    c = group_correspondence(group, [0, 1, 2], _teacher_echo(group), _PositionNoisyEncoder(), **{**_MATCH, "top_k": 1})
+    assert float(c.similarity[1, 0]) == float(c.similarity[2, 0])
+    assert abs(float(c.similarity[1, 0]) - 0.9 / math.hypot(0.9, 0.4359)) < 1e-5
+    assert [c.keys[s] for s in c.selected[0]] == [(1, 0)]
+
+
 def test_action_filter_drops_a_source_whose_action_disagrees(encoder):
     group = _hand_built_group()
     teacher = _teacher_echo(group)

@@ -88,14 +88,23 @@ class GroupCorrespondence:
 def _cosines(encoder: Any, sources: Sequence[str], targets: Sequence[str]) -> torch.Tensor:
     """Cosine [source, target] of two lists of texts, 0 wherever either text is empty: an empty text is never
     embedded (it is structurally ineligible, so its entries are never read). Whitespace is collapsed first, as the
-    official encoder's ``preprocess`` does."""
+    official encoder's ``preprocess`` does.
+
+    Each distinct text is embedded once and each pair of distinct texts gets one cosine, so two turns with the same
+    thinking tie exactly and ``select_sources`` breaks the tie by its stated order. (Embedding duplicates, or
+    reading their cosines from different cells of one matrix product, gave values that differ in the last bits on
+    an AVX2-only CPU, so such ties went by rounding.)"""
     sources, targets = [" ".join(x.split()) for x in sources], [" ".join(x.split()) for x in targets]
     out = torch.zeros(len(sources), len(targets), dtype=torch.float64)
     rows, cols = [k for k, x in enumerate(sources) if x], [k for k, x in enumerate(targets) if x]
     if rows and cols:
-        encoded = encoder.encode([sources[k] for k in rows] + [targets[k] for k in cols]).double()
-        encoded = torch.nn.functional.normalize(encoded, dim=-1)
-        out[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = (encoded[: len(rows)] @ encoded[len(rows) :].T).clamp(-1.0, 1.0)
+        distinct = list(dict.fromkeys([sources[k] for k in rows] + [targets[k] for k in cols]))
+        position = {text: n for n, text in enumerate(distinct)}
+        encoded = torch.nn.functional.normalize(encoder.encode(distinct).double(), dim=-1)
+        cosine = (encoded @ encoded.T).clamp(-1.0, 1.0)
+        source_at = torch.tensor([position[sources[k]] for k in rows])
+        target_at = torch.tensor([position[targets[k]] for k in cols])
+        out[torch.tensor(rows)[:, None], torch.tensor(cols)[None, :]] = cosine[source_at[:, None], target_at[None, :]]
     return out
 
 
