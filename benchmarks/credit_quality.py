@@ -112,6 +112,12 @@ REFERENCES = ("grpo", "taspo")  # paired differences are taken against these
 DEFAULT_SIZES = {"alfworld": {"batches": 7, "tasks": 16}, "webshop": {"batches": 4, "tasks": 12},
                  "search": {"batches": 7, "tasks": 16}}
 """Per environment, the batches pooled and (WebShop, Search-QA) the tasks per batch; see "How many batches"."""
+
+
+def _defaults(key: str, skip: str = "") -> str:
+    return ", ".join(f"{env} {sizes[key]}" for env, sizes in DEFAULT_SIZES.items() if env != skip)
+
+
 QUICK = {"batches": 1, "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"], "tasks": 4,
          "resamples": 200}
 
@@ -421,9 +427,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first batch")
     parser.add_argument("--batches", type=int, default=None,
                         help="batches to play on the same games and pool, batch b sampled with seed --seed + b "
-                             "(default: 7, WebShop 4)")
+                             f"(default per environment: {_defaults('batches')})")
     parser.add_argument("--tasks", type=int, default=None,
-                        help="WebShop / Search-QA: train tasks per batch (default: WebShop 12, Search-QA 16)")
+                        help=f"WebShop / Search-QA: train tasks per batch (default: {_defaults('tasks', skip='alfworld')})")
     parser.add_argument("--epsilon", type=float, default=0.3,
                         help="WebShop / Search-QA: probability of a random action at each turn of a sibling")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap replicates for the intervals")
