@@ -280,28 +280,28 @@ def _method_credit(
         trainer.close()
 
 
-def score(credit: list, advantages: list[float], won: list[bool], labels: list[dict[str, Any]]) -> dict[str, Any]:
+def score(weights: list[list[float] | None], won: list[bool], progress: list[list[bool | None]]) -> dict[str, Any]:
     """Per pool (successful / failed trajectories): the AUC of the action weights against progress, the counts,
-    and the mean weight of progress and other actions."""
+    and the mean weight of progress and other actions. ``weights[i]``: trajectory i's action weights (``None``
+    when its A_i is 0: left out); ``progress[i]``: its actions' labels (``None``: unlabelled, left out)."""
     pools: dict[str, tuple[list[float], list[bool]]] = {pool: ([], []) for pool in POOLS}
-    for per_turn, advantage, success, label in zip(credit, advantages, won, labels, strict=True):
-        weights = action_weights(per_turn, advantage)
-        if weights is None:
+    for per_action, success, labels in zip(weights, won, progress, strict=True):
+        if per_action is None:
             continue
         scores, flags = pools["success" if success else "failed"]
-        for weight, progress in zip(weights, label["progress"], strict=True):
-            if progress is not None:
+        for weight, label in zip(per_action, labels, strict=True):
+            if label is not None:
                 scores.append(weight)
-                flags.append(progress)
+                flags.append(label)
     out = {}
     for pool, (scores, flags) in pools.items():
-        progress = [s for s, f in zip(scores, flags) if f]
+        progressed = [s for s, f in zip(scores, flags) if f]
         other = [s for s, f in zip(scores, flags) if not f]
         out[pool] = {
             "auc": mann_whitney_auc(scores, flags),
-            "progress_actions": len(progress),
+            "progress_actions": len(progressed),
             "other_actions": len(other),
-            "mean_weight_progress": sum(progress) / len(progress) if progress else None,
+            "mean_weight_progress": sum(progressed) / len(progressed) if progressed else None,
             "mean_weight_other": sum(other) / len(other) if other else None,
         }
     return out
@@ -328,13 +328,14 @@ def bootstrap(
     return out
 
 
-def interval_entries(weights: dict[str, list[list[float] | None]], won: list[bool],
-                     progress: list[list[bool | None]], groups: list[Any], resamples: int, seed: int) -> dict[str, Any]:
-    """What the JSON keeps of the bootstrap: per method its intervals and moved shares, and the bootstrap's
-    settings."""
+def pooled_entries(weights: dict[str, list[list[float] | None]], won: list[bool],
+                   progress: list[list[bool | None]], groups: list[Any], resamples: int, seed: int) -> dict[str, Any]:
+    """What the JSON keeps of the pooled actions: per method its scores, intervals and moved shares, and the
+    bootstrap's settings."""
     intervals = bootstrap(weights, won, progress, groups, resamples, seed)
     per_method = {
         m: {
+            "scores": score(weights[m], won, progress),
             "intervals": {pool: intervals[pool].as_dict()["methods"][m] for pool in POOLS},
             "moved": {pool: moved_share([w for w, success in zip(weights[m], won) if success == (pool == "success")])
                       for pool in POOLS},
@@ -354,12 +355,78 @@ def rescore(path: Path, resamples: int, seed: int) -> dict[str, Any]:
     per_batch = len(trajectories) // max(1, int(results["settings"].get("batches", 1)))
     groups = [tuple(t["group"]) if "group" in t else (i // per_batch, t["game"]) for i, t in enumerate(trajectories)]
     weights = {m: [t["weights"][m] for t in trajectories] for m in results["methods"]}
-    added = interval_entries(weights, [t["won"] for t in trajectories], [t["progress"] for t in trajectories],
+    added = pooled_entries(weights, [t["won"] for t in trajectories], [t["progress"] for t in trajectories],
                              groups, resamples, seed)
     for method, entry in added["methods"].items():
         results["methods"][method].update(entry)
     results["bootstrap"] = {**added["bootstrap"], "added": "afterwards, from this file's trajectories (--rescore)"}
     path.write_text(json.dumps(results, indent=1) + "\n")
+    _print_table(results)
+    return results
+
+
+MERGE_FREE_SETTINGS = ("seed", "batches", "out", "rescore", "merge", "resamples", "bf16", "model_path")
+"""Settings that may differ between the runs ``--merge`` pools: which batches each played, where it wrote, its
+bootstrap, and how the precision and the model were asked for (the precision and the warm start are compared)."""
+
+
+def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None) -> dict[str, Any]:
+    """Pool the batches of several runs of the same setting into one result, as if one run had played them all:
+    a long default setting can run in parts (``--seed 2 --batches 5`` after ``--seed 0 --batches 2``), since batch
+    b's rollouts and credit depend only on its sampling seed. The runs must agree on every setting but
+    ``MERGE_FREE_SETTINGS``, on the precision and on the warm start, and must not share a batch's seed. The
+    bootstrap is seeded with the first batch's seed, as a single run's is."""
+    runs = sorted(((json.loads(p.read_text()), p) for p in paths), key=lambda run: run[0]["per_batch"][0]["seed"])
+    first, first_path = runs[0]
+    seen_seeds: dict[int, Path] = {}
+    for run, path in runs:
+        for key in sorted(set(first["settings"]) | set(run["settings"])):
+            if key not in MERGE_FREE_SETTINGS and run["settings"].get(key) != first["settings"].get(key):
+                raise SystemExit(f"--merge: {path} has {key}={run['settings'].get(key)!r} but {first_path} has "
+                                 f"{first['settings'].get(key)!r}; only runs of one setting can be pooled.")
+        if run["warm_start_fingerprint"] != first["warm_start_fingerprint"]:
+            raise SystemExit(f"--merge: {path} and {first_path} used different warm starts (their fingerprints differ).")
+        if run["precision"].split()[0] != first["precision"].split()[0]:
+            raise SystemExit(f"--merge: {path} ran in {run['precision'].split()[0]} but {first_path} in "
+                             f"{first['precision'].split()[0]}; pool runs of one precision.")
+        for batch in run["per_batch"]:
+            if batch["seed"] in seen_seeds:
+                raise SystemExit(f"--merge: the batch with seed {batch['seed']} is in both {seen_seeds[batch['seed']]} "
+                                 f"and {path}; it would count twice.")
+            seen_seeds[batch["seed"]] = path
+    trajectories, offset = [], 0
+    for run, _ in runs:  # a trajectory's group is (batch, group): renumber the batches across the runs
+        trajectories += [{**t, "group": [offset + t["group"][0], t["group"][1]]} for t in run["trajectories"]]
+        offset += len(run["per_batch"])
+    methods = list(first["methods"])
+    for run, path in runs:
+        if list(run["methods"]) != methods:
+            raise SystemExit(f"--merge: {path} scored {list(run['methods'])} but {first_path} {methods}.")
+    weights = {m: [t["weights"][m] for t in trajectories] for m in methods}
+    won = [t["won"] for t in trajectories]
+    pooled = pooled_entries(weights, won, [t["progress"] for t in trajectories],
+                            [tuple(t["group"]) for t in trajectories], resamples, first["per_batch"][0]["seed"])
+    per_batch = [batch for run, _ in runs for batch in run["per_batch"]]
+    results = {
+        "settings": {**first["settings"], "batches": len(per_batch), "out": str(out_dir), "merge": [str(p) for p in paths],
+                     "resamples": resamples},
+        "precision": first["precision"],
+        "warm_start_fingerprint": first["warm_start_fingerprint"],
+        "batch": _batch_summary([t["advantage"] for t in trajectories], won, trajectories),
+        "seconds": [seconds for run, _ in runs for seconds in run["seconds"]],
+        "bootstrap": pooled["bootstrap"],
+        "methods": pooled["methods"],
+        "per_batch": per_batch,
+        "trajectories": trajectories,
+        "provenance": {**provenance(argv, __file__),
+                       "merged_from": [{"file": str(path), **run["provenance"]} for run, path in runs]},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
+    settings = results["settings"]
+    title = (f"{settings['env']}, {Path(settings['model']).name}, {settings['siblings']} siblings, "
+             f"{len(trajectories)} trajectories ({sum(won)} won), {len(per_batch)} batches from {len(runs)} runs")
+    plot(results, out_dir / "credit_quality.png", title)
     _print_table(results)
     return results
 
@@ -444,7 +511,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="outputs/credit_quality", help="folder for credit_quality.json and .png")
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="only add the intervals to an earlier result file, from its trajectories")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="only pool the batches of earlier runs of one setting (other seeds) into --out")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out), args.resamples, argv)
     if args.rescore:
         return rescore(args.rescore, args.resamples, args.seed)
     if args.quick:  # the quick setting fills in what the command line left at its default
@@ -477,24 +548,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     credit = {m: [c for batch in batches for c in batch["credit"][m]] for m in args.methods}
     groups = [(b, t.group) for b, batch in enumerate(batches) for t in batch["trajectories"]]
     weights = {m: [action_weights(c, a) for c, a in zip(credit[m], advantages, strict=True)] for m in credit}
-    intervals = interval_entries(weights, won, [label["progress"] for label in labels], groups, args.resamples,
-                                 args.seed)
+    progress = [label["progress"] for label in labels]
+    pooled = pooled_entries(weights, won, progress, groups, args.resamples, args.seed)
+    starts = [sum(len(batch["won"]) for batch in batches[:b]) for b in range(len(batches) + 1)]
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
         "precision": choose_precision(args.bf16, use_cpu=True).description,
         "warm_start_fingerprint": warm_start_fingerprint(model),
         "batch": _batch_summary(advantages, won, labels),
         "seconds": [batch["seconds"] for batch in batches],
-        "bootstrap": intervals["bootstrap"],
-        "methods": {m: {"scores": score(credit[m], advantages, won, labels), **intervals["methods"][m]} for m in credit},
+        "bootstrap": pooled["bootstrap"],
+        "methods": pooled["methods"],
         "per_batch": [
             {
                 "seed": args.seed + b,
                 **_batch_summary(batch["advantages"], batch["won"], batch["labels"]),
-                "methods": {m: score(c, batch["advantages"], batch["won"], batch["labels"])
-                            for m, c in batch["credit"].items()},
+                "methods": {m: score(weights[m][start:end], won[start:end], progress[start:end]) for m in credit},
             }
-            for b, batch in enumerate(batches)
+            for b, (batch, start, end) in enumerate(zip(batches, starts, starts[1:]))
         ],
         "trajectories": [
             {

@@ -48,6 +48,8 @@ def _provenance(result: dict[str, Any], file_name: str) -> str:
     ]
     if meta.get("recorded"):
         lines.append(f"- Provenance recorded {meta['recorded']}")
+    for part in meta.get("merged_from", []):  # a --merge of runs that each played some of the batches
+        lines.append(f"  - pooling the batches of `{part['command']}`, {part['date']}, commit `{(part['commit'] or 'unknown')[:12]}`")
     return "\n".join(lines)
 
 
@@ -103,7 +105,7 @@ def credit_quality(result: dict[str, Any]) -> str:
               f"{counts['failed']['progress_actions']} / {counts['failed']['other_actions']}. *verdict*: right way "
               "when the whole interval lies on the side of 0.5 where progress actions get more reward (won) or less "
               "blame (failed), wrong way when it lies on the other side, no clear effect when it holds 0.5."]
-    for method, note in result.get("superseded", {}).items():
+    for method, note in [*result.get("superseded", {}).items(), *result.get("notes", {}).items()]:
         lines += ["", f"Note on {method}: {note}"]
     lines += ["", "Per batch (sampling seed), AUC won / failed:", "",
               "| method | " + " | ".join(f"seed {b['seed']}" for b in result["per_batch"]) + " |",

@@ -82,3 +82,71 @@ def test_methods_share_a_teacher_pass_only_under_identical_contexts(credit_quali
     assert first._teacher_scores([], skills) == skills and first.passes == 1
     assert second._teacher_scores([], skills) == skills and second.passes == 0  # the same contexts: shared
     assert second._teacher_scores([], guidance) == guidance and second.passes == 1  # same turns, other contexts
+
+
+def _run_file(path, seed, trajectories, *, precision="float32 (auto)", fingerprint="abc", **settings):
+    """A result file of one batch (``seed``) holding ``trajectories`` (won, weights of GRPO and TASPO, labels)."""
+    records = [
+        {"game": f"task-{g}", "group": [0, g], "won": won, "advantage": 1.0 if won else -1.0, "progress": labels,
+         "weights": {"grpo": [1.0] * len(labels), "taspo": weights}}
+        for g, won, weights, labels in trajectories
+    ]
+    run = {
+        "settings": {"env": "search", "model": "embedded", "siblings": "scripted", "methods": ["grpo", "taspo"], "seed": seed, "batches": 1,
+                     "tasks": 2, "out": str(path.parent), **settings},
+        "precision": precision, "warm_start_fingerprint": fingerprint,
+        "seconds": [{"rollout_and_grpo": 1.0}], "methods": {"grpo": {}, "taspo": {}},
+        "per_batch": [{"seed": seed, "trajectories": len(records)}], "trajectories": records,
+        "provenance": {"commit": "c0ffee", "command": "python benchmarks/credit_quality.py"},
+    }
+    path.write_text(json.dumps(run))
+    return path
+
+
+def test_merge_pools_the_batches_of_two_runs_by_hand(credit_quality, tmp_path):
+    # Seed 1's run is given first: the merge orders the runs by seed and renumbers their batches 0, 1.
+    late = _run_file(tmp_path / "b.json", 1, [(0, True, [0.7, 1.3], [False, True]), (1, False, [0.5], [True])])
+    early = _run_file(tmp_path / "a.json", 0, [(0, True, [1.2, 0.8], [True, False]), (0, False, [0.9, 1.1], [True, False])])
+    results = credit_quality.main(["--merge", str(late), str(early), "--out", str(tmp_path / "out"), "--resamples", "50"])
+    assert [t["group"] for t in results["trajectories"]] == [[0, 0], [0, 0], [1, 0], [1, 1]]
+    assert [b["seed"] for b in results["per_batch"]] == [0, 1] and results["settings"]["batches"] == 2
+    taspo = results["methods"]["taspo"]["scores"]
+    # Won side: progress weights {1.2, 1.3}, other {0.8, 0.7}: every pair ordered the right way.
+    assert taspo["success"]["auc"] == 1.0 and taspo["success"]["progress_actions"] == 2
+    # Failed side: progress {0.9, 0.5} against other {1.1}: both below, AUC 0.
+    assert taspo["failed"]["auc"] == 0.0 and taspo["failed"]["other_actions"] == 1
+    assert results["batch"] == {"trajectories": 4, "won": 2, "nonzero_advantage": 4,
+                                "success_progress_fraction": 0.5, "failed_progress_fraction": 2 / 3}
+    assert [m["commit"] for m in results["provenance"]["merged_from"]] == ["c0ffee", "c0ffee"]
+    assert json.loads((tmp_path / "out" / "credit_quality.json").read_text())["methods"]["taspo"]["scores"] == taspo
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seed": 0}, "seed 0 is in both"),
+    ({"tasks": 3}, "tasks=3"),
+    ({"precision": "bf16 autocast (auto)"}, "ran in bf16"),
+    ({"fingerprint": "def"}, "different warm starts"),
+])
+def test_merge_refuses_runs_that_are_not_parts_of_one_setting(credit_quality, tmp_path, change, message):
+    one = [(0, True, [1.0], [True])]
+    first = _run_file(tmp_path / "a.json", 0, one)
+    seed = change.pop("seed", 1)
+    second = _run_file(tmp_path / "b.json", seed, one, **change)
+    with pytest.raises(SystemExit, match=message):
+        credit_quality.main(["--merge", str(first), str(second), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+@pytest.mark.slow  # three tiny-model runs, about 3 minutes on 2 cores
+def test_a_run_in_two_parts_merges_to_the_run_in_one(credit_quality, tiny_model_dir, tmp_path):
+    common = ["--env", "search", "--quick", "--tasks", "2", "--model", tiny_model_dir, "--methods", "taspo",
+              "--resamples", "100"]
+    whole = credit_quality.main([*common, "--batches", "2", "--out", str(tmp_path / "whole")])
+    parts = [credit_quality.main([*common, "--seed", str(seed), "--batches", "1", "--out", str(tmp_path / f"p{seed}")])
+             for seed in (0, 1)]
+    assert [p["per_batch"][0]["seed"] for p in parts] == [0, 1]
+    merged = credit_quality.main(["--merge", str(tmp_path / "p1" / "credit_quality.json"),
+                                  str(tmp_path / "p0" / "credit_quality.json"), "--out", str(tmp_path / "merged"),
+                                  "--resamples", "100"])
+    for key in ("batch", "methods", "per_batch", "trajectories", "bootstrap"):
+        assert merged[key] == whole[key], key

@@ -107,3 +107,16 @@ def test_replication_says_whether_each_verdict_holds(page):
     assert "| taspo | won | no clear effect (0.575) | no clear effect (0.575) | yes |" in text
     assert "| gigpo | failed | wrong way (0.573) | wrong way (0.573) | n/a: the method changed |" in text
     assert "| grpo | won | no credit moved (0.500) | no credit moved (0.500) | yes |" in text
+
+
+def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
+    result = json.loads((page.RESULTS / "credit_quality_search_float32.json").read_text())
+    result["provenance"]["merged_from"] = [
+        {"command": "python benchmarks/credit_quality.py --seed 0 --batches 2", "date": "2026-12-04 11:08 UTC", "commit": "0ff7627abcdef0123"},
+        {"command": "python benchmarks/credit_quality.py --seed 2 --batches 5", "date": "2026-12-04 13:00 UTC", "commit": None},
+    ]
+    text = page._provenance(result, "x.json")
+    assert "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`" in text
+    assert "`python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`" in text
+    result["notes"] = {"gigpo": "a note."}
+    assert "\n\nNote on gigpo: a note.\n\nPer batch" in page.credit_quality(result)
