@@ -53,6 +53,11 @@ WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zer
 and GiGPO): 120 of 192 siblings won and 42 of the 48 groups had a non-zero advantage; 70 min wall, with test runs
 sharing the cores for a third of it. ``--quick`` is one batch of two families or 4 tasks with 200 resamples, for smoke runs.
 
+A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0
+--batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
+B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
+per-batch figures); it refuses runs that differ in a setting, the precision or the warm start, or share a seed.
+
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
 Not scored: Skill-GRPO (GRPO's credit; it changes the policy's prompt, hence the rollouts) and OPD (needs a larger
@@ -61,6 +66,7 @@ teacher model).
     python benchmarks/credit_quality.py --model embedded --siblings scripted
     python benchmarks/credit_quality.py --env webshop --methods grpo taspo gigpo
     python benchmarks/credit_quality.py --quick
+    python benchmarks/credit_quality.py --merge part1/credit_quality.json part2/credit_quality.json --out pooled
 """
 
 from __future__ import annotations
