@@ -22,7 +22,8 @@ import importlib
 import importlib.util
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,26 @@ def _set_offline() -> None:
     """Make the Hugging Face stack offline unless the user chose otherwise explicitly."""
     for name in _OFFLINE_VARIABLES:
         os.environ.setdefault(name, "1")
+
+
+@contextmanager
+def _loaded_whole() -> Iterator[None]:
+    """Load a frozen side model whole, also inside a DeepSpeed ZeRO-3 run. While a ZeRO-3 config is registered,
+    transformers builds every model it loads under ``deepspeed.zero.Init``, which partitions its weights across
+    the processes; only the engine that trains the policy gathers them before a forward, so the encoder's own
+    forward would meet empty weights ("'weight' must be 2-D"). Each process keeps its own copy instead, as under
+    ZeRO-2. The registration is transformers' module-level weak reference, restored afterwards."""
+    try:
+        from transformers.integrations import deepspeed as hf_deepspeed
+    except ImportError:
+        yield
+        return
+    registered = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = registered
 
 
 def _require_sentence_transformers() -> None:
@@ -123,7 +144,8 @@ def _load_model(path: Path, device: str) -> Any:
         except Exception:  # noqa: BLE001 - cosmetic only
             hf_logging, bar_was_on = None, False
         try:
-            model = SentenceTransformer(str(path), device=device, local_files_only=True)
+            with _loaded_whole():
+                model = SentenceTransformer(str(path), device=device, local_files_only=True)
         except Exception as error:
             raise OSError(
                 f"Could not load a sentence-transformers model from {path} ({type(error).__name__}: {error})"
@@ -271,7 +293,8 @@ class LastTokenEncoder:
             tokenizer.padding_side, tokenizer.truncation_side = "left", "right"
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
-            model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
+            with _loaded_whole():
+                model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
             self._loaded = (tokenizer, model)
