@@ -304,9 +304,10 @@ def _median_ratio(mode: dict[str, Any], method: str) -> float:
 
 def compare_runs(reference: dict[str, Any], other: dict[str, Any], tolerance: float) -> dict[str, Any]:
     """PI must be identical at every step, and the credit weights of the first step equal within ``tolerance``, for
-    TASPO and AlignOPSD. Only the first step scores one policy in every mode: after it, ZeRO's bf16 weights round
-    away updates of the learning rate's size that the plain run's float32 weights keep, so later steps compare
-    different policies; their largest difference is reported, not judged."""
+    TASPO and AlignOPSD. Only the first step scores one policy in every mode. On the first H200 run (4 Dec) the
+    plain run's weights drifted from step to step while the ZeRO runs' stayed nearly constant, as when bf16
+    weights round away updates of the check's learning rate that float32 weights keep: later steps compare
+    different policies, so their largest difference is reported, not judged."""
     comparison: dict[str, Any] = {"tolerance": tolerance}
     for method in ("taspo", "alignopsd"):
         a, b = reference[method], other[method]
@@ -415,6 +416,7 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_mode
     import torch
 
     from taspo_trl.models import resolve_model_path
+    from taspo_trl.provenance import provenance
     from taspo_trl.testing import make_tiny_model_dir
 
     started = time.perf_counter()
@@ -444,6 +446,7 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_mode
             "model": {**shape, "parameters": _parameter_count(Path(model_dir))},
             "versions": _versions(),
             "modes": modes,
+            "provenance": provenance(None, __file__),
         }
         for name, mode in plan:
             if mode in DEEPSPEED_MODES and importlib.util.find_spec("deepspeed") is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -178,6 +179,45 @@ def pi_specificity(result: dict[str, Any]) -> str:
     ])
 
 
+def gpu_check(result: dict[str, Any]) -> str:
+    """The GPU check: step times and memory per mode and method, and whether the DeepSpeed runs credit as the
+    plain run does."""
+    model = result["model"]
+    lines = [
+        f"{result['device']}, {result['precision']}, {result['steps']} steps of each method in each mode, on a "
+        f"random-init model of Qwen2.5-0.5B's shape ({model['parameters'] / 1e6:.0f}M parameters, vocabulary "
+        f"{model['vocab_size']:,}), rollouts replayed from scripted plans (two siblings of each group win, two "
+        "stall). Step times have the check's own log-prob probe subtracted; the first step includes warm-up, so "
+        "the median of three is a rough figure.",
+        "",
+        "| mode | method | median step (s) | x GRPO | max \\|recomputed - sampling log-prob\\| | peak GPU memory (GiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, mode in result["modes"].items():
+        if "error" in mode or "skipped" in mode:
+            lines.append(f"| {name} | - | {mode.get('skipped') or 'error'} | | | |")
+            continue
+        for method, entry in mode.items():
+            ratio = result["ratios"][name].get(f"{method}/grpo", 1.0)
+            lines.append(f"| {name} | {method} | {statistics.median(entry['step_times']):.2f} | {ratio:.2f} | "
+                         f"{entry['logprob_max_abs_diff']:.4f} | {entry['peak_gpu_gib']:.2f} |")
+    lines += ["", "| runs compared | method | PI equal | first step: max \\|weight difference\\| | "
+              "later steps (different policies) |", "|---|---|---|---|---|"]
+    for pair, comparison in result["comparisons"].items():
+        for method in ("taspo", "alignopsd"):
+            c = comparison[method]
+            later = c.get("max_weight_diff_later_steps")
+            verdict = "within" if c["weights_match"] else "OVER"
+            lines.append(f"| {pair} | {method} | {'yes' if c['pi_equal'] else 'NO'} | {c['max_weight_diff']:.4f} "
+                         f"({verdict} {comparison['tolerance']:g}) | {'-' if later is None else f'{later:.4f}'} |")
+    versions = ", ".join(f"{name} {version}" for name, version in result["versions"].items() if version)
+    lines += ["", f"Versions: {versions}. Only the first step scores one policy in every mode: after it the plain run's "
+              "credit weights drift from step to step while the ZeRO runs' stay nearly constant, as when bf16 weights "
+              "round away the updates (learning rate 1e-6) that float32 weights keep; so the later steps are reported, "
+              "not judged."]
+    return "\n".join(lines)
+
+
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
@@ -195,6 +235,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality on WebShop", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
+    ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
+     gpu_check),
 ]
 """Title, the result files it is rendered from, and the function that renders them (one argument per file)."""
 
