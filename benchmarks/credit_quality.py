@@ -56,7 +56,9 @@ sharing the cores for a third of it. ``--quick`` is one batch of two families or
 A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0
 --batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
 B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
-per-batch figures); it refuses runs that differ in a setting, the precision or the warm start, or share a seed.
+per-batch figures). Runs of other methods on the same seeds join too: their trajectories must be identical, and
+each method must score every batch once. It refuses runs that differ in another setting, the precision or the
+warm start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
@@ -371,20 +373,51 @@ def rescore(path: Path, resamples: int, seed: int) -> dict[str, Any]:
     return results
 
 
-MERGE_FREE_SETTINGS = ("seed", "batches", "out", "rescore", "merge", "resamples", "bf16", "model_path")
-"""Settings that may differ between the runs ``--merge`` pools: which batches each played, where it wrote, its
-bootstrap, and how the precision and the model were asked for (the precision and the warm start are compared)."""
+MERGE_FREE_SETTINGS = ("seed", "batches", "methods", "out", "rescore", "merge", "resamples", "bf16", "model_path")
+"""Settings that may differ between the runs ``--merge`` pools: which batches each played and which methods scored
+them, where it wrote, its bootstrap, and how the precision and the model were asked for (the precision and the
+warm start themselves are compared)."""
+PLAYED = ("game", "group", "won", "advantage", "commands", "progress")
+"""What makes two records one trajectory: the same batch seed played it the same way."""
+
+
+def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[str, Any]]:
+    """Every batch of ``runs`` by its sampling seed. A seed in several runs must have been played identically in
+    each (the same trajectories, labels and outcome advantages), and each method other than GRPO may score it in
+    one run only: their weights are joined."""
+    batches: dict[int, dict[str, Any]] = {}
+    for run, path in runs:
+        for b, entry in enumerate(run["per_batch"]):
+            trajectories = [json.loads(json.dumps(t)) for t in run["trajectories"] if t["group"][0] == b]
+            seed = entry["seed"]
+            if seed not in batches:
+                batches[seed] = {"entry": json.loads(json.dumps(entry)), "trajectories": trajectories,
+                                 "seconds": dict(run["seconds"][b]), "path": path}
+                continue
+            known = batches[seed]
+            if [[t[k] for k in PLAYED] for t in trajectories] != [[t[k] for k in PLAYED] for t in known["trajectories"]]:
+                raise SystemExit(f"--merge: the batch with seed {seed} was played differently in {known['path']} and "
+                                 f"{path} (other trajectories or labels); only runs of the same code can be joined.")
+            twice = sorted((set(entry["methods"]) & set(known["entry"]["methods"])) - {"grpo"})
+            if twice:
+                raise SystemExit(f"--merge: the batch with seed {seed} is scored by {twice} in both {known['path']} "
+                                 f"and {path}; it would count twice.")
+            for mine, theirs in zip(known["trajectories"], trajectories, strict=True):
+                mine["weights"].update(theirs["weights"])
+            known["entry"]["methods"].update(entry["methods"])
+            known["seconds"].update({k: v for k, v in run["seconds"][b].items() if k not in known["seconds"]})
+    return batches
 
 
 def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None) -> dict[str, Any]:
-    """Pool the batches of several runs of the same setting into one result, as if one run had played them all:
-    a long default setting can run in parts (``--seed 2 --batches 5`` after ``--seed 0 --batches 2``), since batch
-    b's rollouts and credit depend only on its sampling seed. The runs must agree on every setting but
-    ``MERGE_FREE_SETTINGS``, on the precision and on the warm start, and must not share a batch's seed. The
-    bootstrap is seeded with the first batch's seed, as a single run's is."""
-    runs = sorted(((json.loads(p.read_text()), p) for p in paths), key=lambda run: run[0]["per_batch"][0]["seed"])
-    first, first_path = runs[0]
-    seen_seeds: dict[int, Path] = {}
+    """Pool the batches of several runs of one setting into the result that one run would have written. A long
+    default setting can run in parts: other batches (``--seed 2 --batches 5`` after ``--seed 0 --batches 2``),
+    since batch b's rollouts and credit depend only on its sampling seed, and other methods on the same batches
+    (their trajectories must then be identical). The runs must agree on every setting but ``MERGE_FREE_SETTINGS``,
+    on the precision and on the warm start, and every method must score every batch. The bootstrap is seeded with
+    the first batch's seed, as a single run's is."""
+    runs = [(json.loads(p.read_text()), p) for p in paths]
+    first, first_path = min(runs, key=lambda run: min(b["seed"] for b in run[0]["per_batch"]))
     for run, path in runs:
         for key in sorted(set(first["settings"]) | set(run["settings"])):
             if key not in MERGE_FREE_SETTINGS and run["settings"].get(key) != first["settings"].get(key):
@@ -395,31 +428,29 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
         if run["precision"].split()[0] != first["precision"].split()[0]:
             raise SystemExit(f"--merge: {path} ran in {run['precision'].split()[0]} but {first_path} in "
                              f"{first['precision'].split()[0]}; pool runs of one precision.")
-        for batch in run["per_batch"]:
-            if batch["seed"] in seen_seeds:
-                raise SystemExit(f"--merge: the batch with seed {batch['seed']} is in both {seen_seeds[batch['seed']]} "
-                                 f"and {path}; it would count twice.")
-            seen_seeds[batch["seed"]] = path
-    trajectories, offset = [], 0
-    for run, _ in runs:  # a trajectory's group is (batch, group): renumber the batches across the runs
-        trajectories += [{**t, "group": [offset + t["group"][0], t["group"][1]]} for t in run["trajectories"]]
-        offset += len(run["per_batch"])
-    methods = list(first["methods"])
-    for run, path in runs:
-        if list(run["methods"]) != methods:
-            raise SystemExit(f"--merge: {path} scored {list(run['methods'])} but {first_path} {methods}.")
+    batches = _merge_batches(runs)
+    seeds = sorted(batches)
+    methods = [m for m in METHODS if any(m in batches[seed]["entry"]["methods"] for seed in seeds)]
+    missing = [(seed, m) for seed in seeds for m in methods if m not in batches[seed]["entry"]["methods"]]
+    if missing:
+        raise SystemExit(f"--merge: every method must score every batch; missing (seed, method): {missing}.")
+    trajectories = [  # a trajectory's group is (batch, group): the batches renumbered in seed order
+        {**t, "group": [b, t["group"][1]], "weights": {m: t["weights"][m] for m in methods}}
+        for b, seed in enumerate(seeds) for t in batches[seed]["trajectories"]
+    ]
     weights = {m: [t["weights"][m] for t in trajectories] for m in methods}
     won = [t["won"] for t in trajectories]
     pooled = pooled_entries(weights, won, [t["progress"] for t in trajectories],
-                            [tuple(t["group"]) for t in trajectories], resamples, first["per_batch"][0]["seed"])
-    per_batch = [batch for run, _ in runs for batch in run["per_batch"]]
+                            [tuple(t["group"]) for t in trajectories], resamples, seeds[0])
+    per_batch = [{**batches[seed]["entry"], "methods": {m: batches[seed]["entry"]["methods"][m] for m in methods}}
+                 for seed in seeds]
     results = {
-        "settings": {**first["settings"], "batches": len(per_batch), "out": str(out_dir), "merge": [str(p) for p in paths],
-                     "resamples": resamples},
+        "settings": {**first["settings"], "seed": seeds[0], "batches": len(seeds), "methods": methods,
+                     "out": str(out_dir), "merge": [str(p) for p in paths], "resamples": resamples},
         "precision": first["precision"],
         "warm_start_fingerprint": first["warm_start_fingerprint"],
         "batch": _batch_summary([t["advantage"] for t in trajectories], won, trajectories),
-        "seconds": [seconds for run, _ in runs for seconds in run["seconds"]],
+        "seconds": [batches[seed]["seconds"] for seed in seeds],
         "bootstrap": pooled["bootstrap"],
         "methods": pooled["methods"],
         "per_batch": per_batch,
@@ -431,7 +462,7 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
     (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
     settings = results["settings"]
     title = (f"{settings['env']}, {Path(settings['model']).name}, {settings['siblings']} siblings, "
-             f"{len(trajectories)} trajectories ({sum(won)} won), {len(per_batch)} batches from {len(runs)} runs")
+             f"{len(trajectories)} trajectories ({sum(won)} won), {len(seeds)} batches from {len(runs)} runs")
     plot(results, out_dir / "credit_quality.png", title)
     _print_table(results)
     return results

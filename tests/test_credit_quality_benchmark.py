@@ -84,19 +84,21 @@ def test_methods_share_a_teacher_pass_only_under_identical_contexts(credit_quali
     assert second._teacher_scores([], guidance) == guidance and second.passes == 1  # same turns, other contexts
 
 
-def _run_file(path, seed, trajectories, *, precision="float32 (auto)", fingerprint="abc", **settings):
-    """A result file of one batch (``seed``) holding ``trajectories`` (won, weights of GRPO and TASPO, labels)."""
+def _run_file(path, seed, trajectories, *, method="taspo", precision="float32 (auto)", fingerprint="abc", **settings):
+    """A result file of one batch (``seed``) holding ``trajectories`` (group, won, ``method``'s weights, labels),
+    scored by GRPO and ``method``."""
     records = [
         {"game": f"task-{g}", "group": [0, g], "won": won, "advantage": 1.0 if won else -1.0, "progress": labels,
-         "weights": {"grpo": [1.0] * len(labels), "taspo": weights}}
+         "commands": ["look"] * len(labels), "weights": {"grpo": [1.0] * len(labels), method: weights}}
         for g, won, weights, labels in trajectories
     ]
     run = {
-        "settings": {"env": "search", "model": "embedded", "siblings": "scripted", "methods": ["grpo", "taspo"], "seed": seed, "batches": 1,
-                     "tasks": 2, "out": str(path.parent), **settings},
+        "settings": {"env": "search", "model": "embedded", "siblings": "scripted", "methods": ["grpo", method],
+                     "seed": seed, "batches": 1, "tasks": 2, "out": str(path.parent), **settings},
         "precision": precision, "warm_start_fingerprint": fingerprint,
-        "seconds": [{"rollout_and_grpo": 1.0}], "methods": {"grpo": {}, "taspo": {}},
-        "per_batch": [{"seed": seed, "trajectories": len(records)}], "trajectories": records,
+        "seconds": [{"rollout_and_grpo": 1.0, method: 2.0}], "methods": {"grpo": {}, method: {}},
+        "per_batch": [{"seed": seed, "trajectories": len(records), "methods": {"grpo": {"auc": 0.5}, method: {"auc": 0.7}}}],
+        "trajectories": records,
         "provenance": {"commit": "c0ffee", "command": "python benchmarks/credit_quality.py"},
     }
     path.write_text(json.dumps(run))
@@ -122,7 +124,7 @@ def test_merge_pools_the_batches_of_two_runs_by_hand(credit_quality, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"seed": 0}, "seed 0 is in both"),
+    ({"seed": 0}, "seed 0 is scored by \[.taspo.\] in both"),
     ({"tasks": 3}, "tasks=3"),
     ({"precision": "bf16 autocast (auto)"}, "ran in bf16"),
     ({"fingerprint": "def"}, "different warm starts"),
@@ -135,6 +137,33 @@ def test_merge_refuses_runs_that_are_not_parts_of_one_setting(credit_quality, tm
     with pytest.raises(SystemExit, match=message):
         credit_quality.main(["--merge", str(first), str(second), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_path):
+    played = [(0, True, [1.2, 0.8], [True, False]), (0, False, [0.9, 1.1], [True, False])]
+    taspo = _run_file(tmp_path / "a.json", 0, played)
+    gigpo = _run_file(tmp_path / "b.json", 0, [(0, True, [0.8, 1.2], [True, False]), (0, False, [1.0, 1.0], [True, False])],
+                      method="gigpo")
+    results = credit_quality.main(["--merge", str(gigpo), str(taspo), "--out", str(tmp_path / "out"), "--resamples", "50"])
+    assert list(results["methods"]) == ["grpo", "taspo", "gigpo"] == results["settings"]["methods"]
+    assert results["batch"]["trajectories"] == 2 and len(results["per_batch"]) == 1
+    assert set(results["per_batch"][0]["methods"]) == {"grpo", "taspo", "gigpo"}
+    # Won side: TASPO ranks the progress action first (1.2 > 0.8), GiGPO last (0.8 < 1.2); failed: GiGPO ties.
+    assert results["methods"]["taspo"]["scores"]["success"]["auc"] == 1.0
+    assert results["methods"]["gigpo"]["scores"]["success"]["auc"] == 0.0
+    assert results["methods"]["gigpo"]["scores"]["failed"]["auc"] == 0.5
+    assert results["trajectories"][0]["weights"] == {"grpo": [1.0, 1.0], "taspo": [1.2, 0.8], "gigpo": [0.8, 1.2]}
+
+
+def test_merge_refuses_a_batch_played_differently_or_a_method_missing_from_a_batch(credit_quality, tmp_path):
+    first = _run_file(tmp_path / "a.json", 0, [(0, True, [1.0], [True])])
+    other_play = _run_file(tmp_path / "b.json", 0, [(0, False, [1.0], [True])], method="gigpo")
+    with pytest.raises(SystemExit, match="seed 0 was played differently"):
+        credit_quality.main(["--merge", str(first), str(other_play), "--out", str(tmp_path / "out")])
+    other_batch = _run_file(tmp_path / "c.json", 1, [(0, True, [1.0], [True])], method="gigpo")
+    with pytest.raises(SystemExit, match=r"every method must score every batch; missing \(seed, method\): \[\(0, 'gigpo'\), \(1, 'taspo'\)\]"):
+        credit_quality.main(["--merge", str(first), str(other_batch), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow  # three tiny-model runs, about 3 minutes on 2 cores
