@@ -222,16 +222,13 @@ ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_SEARCH_BASELINES = "credit_quality_search_baselines_float32.json"  # 2 of the 7 batches, every baseline
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
-    ("Credit quality on Search-QA", (CREDIT_QUALITY_SEARCH,), credit_quality),
-    ("Credit quality on Search-QA, every comparison method (first 2 batches)", (CREDIT_QUALITY_SEARCH_BASELINES,),
-     credit_quality),
+    ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Credit quality on WebShop", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
