@@ -260,6 +260,15 @@ def _summary_credit(result: dict[str, Any]) -> str:
     return "; ".join(cells) + " (GRPO 0.5 / 0.5)"
 
 
+def _summary_verdicts(result: dict[str, Any]) -> str:
+    """The methods grouped by their verdicts (won trajectories, failed ones), GRPO left out."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for method, entry in result["methods"].items():
+        if method != "grpo":
+            groups.setdefault((_verdict(entry, "success"), _verdict(entry, "failed")), []).append(method)
+    return "; ".join(f"{', '.join(methods)}: {won} / {failed}" for (won, failed), methods in groups.items())
+
+
 def _summary_curve(result: dict[str, Any]) -> str:
     games = result["eval_games"]
     runs = [f"{method} " + ", ".join(str(round(p["success"] * games)) for p in entry["seeds"][seed])
@@ -277,6 +286,10 @@ SUMMARY: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
     ("Credit quality on ALFWorld: AUC of the action weights against the planner's progress labels, won / failed "
      "trajectories, 95 % group-bootstrap intervals", CREDIT_QUALITY,
      "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_credit),
+    ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_SEARCH,
+     "credit-quality-on-search-qa-every-method", _summary_verdicts),
+    ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_WEBSHOP,
+     "credit-quality-on-webshop", _summary_verdicts),
     ("Learning curve, CPU setting: `eval_unseen` wins", "learning_curve_cpu.json", "learning-curve-cpu-setting",
      _summary_curve),
     ("Does the 135M policy read its privileged context? Mean log-prob shift of the actions its guidance quotes",

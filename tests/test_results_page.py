@@ -120,3 +120,15 @@ def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
     assert "`python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`" in text
     result["notes"] = {"gigpo": "a note."}
     assert "\n\nNote on gigpo: a note.\n\nPer batch" in page.credit_quality(result)
+
+
+def test_the_readme_groups_methods_by_their_verdicts(page):
+    def entry(won, failed):
+        return {"intervals": {"success": {"auc": dict(zip(("low", "high"), won))},
+                              "failed": {"auc": dict(zip(("low", "high"), failed))}},
+                "moved": {"success": 1.0, "failed": 1.0}}
+
+    result = {"methods": {"grpo": entry((0.5, 0.5), (0.5, 0.5)), "a": entry((0.6, 0.7), (0.2, 0.4)),
+                          "b": entry((0.2, 0.4), (0.4, 0.6)), "c": entry((0.55, 0.9), (0.1, 0.3))}}
+    # a and c: won interval above 0.5, failed below it; b: won below 0.5, failed holds it.
+    assert page._summary_verdicts(result) == "a, c: right way / right way; b: wrong way / no clear effect"
