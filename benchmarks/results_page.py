@@ -222,10 +222,13 @@ ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
+CREDIT_QUALITY_BASELINES = "credit_quality_sampled_baselines_float32.json"  # the seven baselines, first batches
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
+    ("Credit quality on ALFWorld, the comparison methods (the first batches of the setting above)",
+     (CREDIT_QUALITY_BASELINES,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
