@@ -458,11 +458,16 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
         "provenance": {**provenance(argv, __file__),
                        "merged_from": [{"file": str(path), **run["provenance"]} for run, path in runs]},
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
     settings = results["settings"]
     title = (f"{settings['env']}, {Path(settings['model']).name}, {settings['siblings']} siblings, "
              f"{len(trajectories)} trajectories ({sum(won)} won), {len(seeds)} batches from {len(runs)} runs")
+    return _save(results, out_dir, title)
+
+
+def _save(results: dict[str, Any], out_dir: Path, title: str) -> dict[str, Any]:
+    """Write the JSON and the plot into ``out_dir``, print the table, and return ``results``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, out_dir / "credit_quality.png", title)
     _print_table(results)
     return results
@@ -549,7 +554,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                         help="only add the intervals to an earlier result file, from its trajectories")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
-                        help="only pool the batches of earlier runs of one setting (other seeds) into --out")
+                        help="only pool earlier runs of one setting (other seeds, or other methods on the same seeds) into --out")
     args = parser.parse_args(argv)
     if args.merge:
         return merge(args.merge, Path(args.out), args.resamples, argv)
@@ -614,11 +619,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
     }
     results["provenance"] = provenance(argv, __file__)
-    (out_dir / "credit_quality.json").write_text(json.dumps(results, indent=1) + "\n")
     title = f"{args.env}, {Path(args.model).name}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
-    plot(results, out_dir / "credit_quality.png", title)
-    _print_table(results)
-    return results
+    return _save(results, out_dir, title)
 
 
 def play_batch(model: str, args: argparse.Namespace, games: list[Path], seed: int) -> dict[str, Any]:
