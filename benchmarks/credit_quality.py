@@ -57,8 +57,9 @@ A long setting can run in parts: batch b's rollouts and credit depend only on it
 --batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
 B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
 per-batch figures). Runs of other methods on the same seeds join too: their trajectories must be identical, and
-each method must score every batch once. It refuses runs that differ in another setting, the precision or the
-warm start.
+each method must score every batch once; ``--leave-out A.json alignopsd`` drops one file's scores of a method that
+another file rescored (after a fix). It refuses runs that differ in another setting, the precision or the warm
+start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
@@ -373,7 +374,8 @@ def rescore(path: Path, resamples: int, seed: int) -> dict[str, Any]:
     return results
 
 
-MERGE_FREE_SETTINGS = ("seed", "batches", "methods", "out", "rescore", "merge", "resamples", "bf16", "model_path")
+MERGE_FREE_SETTINGS = ("seed", "batches", "methods", "out", "rescore", "merge", "leave_out", "resamples", "bf16",
+                       "model_path")
 """Settings that may differ between the runs ``--merge`` pools: which batches each played and which methods scored
 them, where it wrote, its bootstrap, and how the precision and the model were asked for (the precision and the
 warm start themselves are compared)."""
@@ -401,7 +403,7 @@ def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[st
             twice = sorted((set(entry["methods"]) & set(known["entry"]["methods"])) - {"grpo"})
             if twice:
                 raise SystemExit(f"--merge: the batch with seed {seed} is scored by {twice} in both {known['path']} "
-                                 f"and {path}; it would count twice.")
+                                 f"and {path}; it would count twice (--leave-out JSON METHOD keeps one of them).")
             for mine, theirs in zip(known["trajectories"], trajectories, strict=True):
                 mine["weights"].update(theirs["weights"])
             known["entry"]["methods"].update(entry["methods"])
@@ -409,14 +411,35 @@ def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[st
     return batches
 
 
-def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None) -> dict[str, Any]:
+def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str, str]]) -> None:
+    """Remove each (file, method) of ``left_out`` from that run's scores, so a method rescored by a later run (after
+    a fix, say) is pooled from the later run only."""
+    for file, method in left_out:
+        matches = [run for run, path in runs if path.resolve() == Path(file).resolve()]
+        if not matches:
+            raise SystemExit(f"--leave-out: {file} is not one of the --merge files.")
+        run = matches[0]
+        if method == "grpo" or method not in run["settings"]["methods"]:
+            raise SystemExit(f"--leave-out: {file} has no {method} scores to leave out "
+                             f"(it scored {[m for m in run['settings']['methods'] if m != 'grpo']}; GRPO always stays).")
+        run["settings"]["methods"] = [m for m in run["settings"]["methods"] if m != method]
+        for entry, seconds in zip(run["per_batch"], run["seconds"], strict=True):
+            entry["methods"].pop(method, None)
+            seconds.pop(method, None)
+        for trajectory in run["trajectories"]:
+            trajectory["weights"].pop(method)
+
+
+def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None,
+          left_out: list[tuple[str, str]] = ()) -> dict[str, Any]:
     """Pool the batches of several runs of one setting into the result that one run would have written. A long
     default setting can run in parts: other batches (``--seed 2 --batches 5`` after ``--seed 0 --batches 2``),
     since batch b's rollouts and credit depend only on its sampling seed, and other methods on the same batches
     (their trajectories must then be identical). The runs must agree on every setting but ``MERGE_FREE_SETTINGS``,
-    on the precision and on the warm start, and every method must score every batch. The bootstrap is seeded with
-    the first batch's seed, as a single run's is."""
+    on the precision and on the warm start, and every method must score every batch; ``left_out`` names (file,
+    method) scores not to pool. The bootstrap is seeded with the first batch's seed, as a single run's is."""
     runs = [(json.loads(p.read_text()), p) for p in paths]
+    _leave_out(runs, list(left_out))
     first, first_path = min(runs, key=lambda run: min(b["seed"] for b in run[0]["per_batch"]))
     for run, path in runs:
         for key in sorted(set(first["settings"]) | set(run["settings"])):
@@ -446,7 +469,8 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
                  for seed in seeds]
     results = {
         "settings": {**first["settings"], "seed": seeds[0], "batches": len(seeds), "methods": methods,
-                     "out": str(out_dir), "merge": [str(p) for p in paths], "resamples": resamples},
+                     "out": str(out_dir), "merge": [str(p) for p in paths], "resamples": resamples,
+                     "leave_out": [list(pair) for pair in left_out]},
         "precision": first["precision"],
         "warm_start_fingerprint": first["warm_start_fingerprint"],
         "batch": _batch_summary([t["advantage"] for t in trajectories], won, trajectories),
@@ -555,9 +579,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="only add the intervals to an earlier result file, from its trajectories")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="only pool earlier runs of one setting (other seeds, or other methods on the same seeds) into --out")
+    parser.add_argument("--leave-out", nargs=2, action="append", default=[], metavar=("JSON", "METHOD"),
+                        help="with --merge: do not pool METHOD's scores from the file JSON (another file rescored it)")
     args = parser.parse_args(argv)
+    if args.leave_out and not args.merge:
+        parser.error("--leave-out only applies to --merge")
     if args.merge:
-        return merge(args.merge, Path(args.out), args.resamples, argv)
+        return merge(args.merge, Path(args.out), args.resamples, argv, [tuple(pair) for pair in args.leave_out])
     if args.rescore:
         return rescore(args.rescore, args.resamples, args.seed)
     if args.quick:  # the quick setting fills in what the command line left at its default

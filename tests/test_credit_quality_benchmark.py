@@ -166,6 +166,27 @@ def test_merge_refuses_a_batch_played_differently_or_a_method_missing_from_a_bat
     assert not (tmp_path / "out").exists()
 
 
+def test_merge_leaves_out_a_method_rescored_by_another_run(credit_quality, tmp_path):
+    played = [(0, True, [1.2, 0.8], [True, False]), (0, False, [0.9, 1.1], [True, False])]
+    old = _run_file(tmp_path / "old.json", 0, played)  # TASPO ranks both sides the right way on won, wrong on failed
+    rescored = _run_file(tmp_path / "new.json", 0, [(0, True, [0.8, 1.2], [True, False]), (0, False, [0.9, 1.1], [True, False])])
+    out = str(tmp_path / "out")
+    results = credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "taspo", "--out", out,
+                                   "--resamples", "50"])
+    # Only the rescored weights are pooled: the won side's progress action now weighs 0.8 against 1.2, AUC 0.
+    assert results["methods"]["taspo"]["scores"]["success"]["auc"] == 0.0
+    assert results["trajectories"][0]["weights"] == {"grpo": [1.0, 1.0], "taspo": [0.8, 1.2]}
+    assert results["settings"]["leave_out"] == [[str(old), "taspo"]]
+    with pytest.raises(SystemExit, match="other.json is not one of the --merge files"):
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(tmp_path / "other.json"), "taspo", "--out", out])
+    with pytest.raises(SystemExit, match=r"has no gigpo scores to leave out \(it scored \['taspo'\]; GRPO always stays\)"):
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "gigpo", "--out", out])
+    with pytest.raises(SystemExit, match="has no grpo scores"):
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "grpo", "--out", out])
+    with pytest.raises(SystemExit):  # argparse: --leave-out without --merge
+        credit_quality.main(["--leave-out", str(old), "taspo", "--out", out])
+
+
 @pytest.mark.slow  # three tiny-model runs, about 3 minutes on 2 cores
 def test_a_run_in_two_parts_merges_to_the_run_in_one(credit_quality, tiny_model_dir, tmp_path):
     common = ["--env", "search", "--quick", "--tasks", "2", "--model", tiny_model_dir, "--methods", "taspo",
