@@ -18,9 +18,8 @@ DEEPSPEED=0.19.8
 
 rm -rf .whl .gpu_assets
 mkdir -p .whl .gpu_assets
-python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "${PINS[@]}"
+source benchmarks/device_wheels.sh
+download_device_wheels .whl "${PINS[@]}"
 
 # DeepSpeed publishes only a source archive. Its build without precompiled ops is a pure-Python wheel; ZeRO-2/3
 # with the Trainer's own torch AdamW needs no compiled op.
