@@ -379,8 +379,15 @@ MERGE_FREE_SETTINGS = ("seed", "batches", "methods", "out", "rescore", "merge", 
 """Settings that may differ between the runs ``--merge`` pools: which batches each played and which methods scored
 them, where it wrote, its bootstrap, and how the precision and the model were asked for (the precision and the
 warm start themselves are compared)."""
-PLAYED = ("game", "group", "won", "advantage", "commands", "progress")
-"""What makes two records one trajectory: the same batch seed played it the same way."""
+PLAYED = ("game", "won", "advantage", "commands", "progress")
+"""What makes two records one trajectory: the same batch seed played it the same way (in the same group of its
+batch; the batch's own index depends on the run, see ``_played``)."""
+
+
+def _played(trajectories: list[dict[str, Any]]) -> list[list[Any]]:
+    # A trajectory's group is (batch index in its run, group in the batch): a seed played as the second batch of
+    # one run and as the only batch of another is the same batch.
+    return [[t["group"][1], *(t[k] for k in PLAYED)] for t in trajectories]
 
 
 def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[str, Any]]:
@@ -397,7 +404,7 @@ def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[st
                                  "seconds": dict(run["seconds"][b]), "path": path}
                 continue
             known = batches[seed]
-            if [[t[k] for k in PLAYED] for t in trajectories] != [[t[k] for k in PLAYED] for t in known["trajectories"]]:
+            if _played(trajectories) != _played(known["trajectories"]):
                 raise SystemExit(f"--merge: the batch with seed {seed} was played differently in {known['path']} and "
                                  f"{path} (other trajectories or labels); only runs of the same code can be joined.")
             twice = sorted((set(entry["methods"]) & set(known["entry"]["methods"])) - {"grpo"})

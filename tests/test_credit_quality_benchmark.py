@@ -155,6 +155,28 @@ def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_
     assert results["trajectories"][0]["weights"] == {"grpo": [1.0, 1.0], "taspo": [1.2, 0.8], "gigpo": [0.8, 1.2]}
 
 
+def test_merge_joins_a_batch_played_at_another_place_in_another_run(credit_quality, tmp_path):
+    # Seed 1 is the second batch (group [1, g]) of a two-batch TASPO run and the only batch ([0, g]) of a GiGPO run.
+    seed_0 = [(0, True, [1.2, 0.8], [True, False])]
+    seed_1 = [(0, False, [0.9, 1.1], [True, False])]
+    both = json.loads(_run_file(tmp_path / "a.json", 0, seed_0).read_text())
+    second = json.loads(_run_file(tmp_path / "b.json", 1, seed_1).read_text())
+    both["per_batch"] += second["per_batch"]
+    both["seconds"] += second["seconds"]
+    both["trajectories"] += [{**t, "group": [1, t["group"][1]]} for t in second["trajectories"]]
+    both["settings"]["batches"] = 2
+    (tmp_path / "a.json").write_text(json.dumps(both))
+    gigpo = [_run_file(tmp_path / f"g{seed}.json", seed, [(0, won, [1.0, 1.0], labels)], method="gigpo")
+             for seed, (_, won, _, labels) in ((0, seed_0[0]), (1, seed_1[0]))]
+    results = credit_quality.main(["--merge", str(tmp_path / "a.json"), *map(str, gigpo), "--out", str(tmp_path / "out"),
+                                   "--resamples", "50"])
+    assert [t["group"] for t in results["trajectories"]] == [[0, 0], [1, 0]]
+    assert [t["weights"] for t in results["trajectories"]] == [
+        {"grpo": [1.0, 1.0], "taspo": [1.2, 0.8], "gigpo": [1.0, 1.0]},
+        {"grpo": [1.0, 1.0], "taspo": [0.9, 1.1], "gigpo": [1.0, 1.0]},
+    ]
+
+
 def test_merge_refuses_a_batch_played_differently_or_a_method_missing_from_a_batch(credit_quality, tmp_path):
     first = _run_file(tmp_path / "a.json", 0, [(0, True, [1.0], [True])])
     other_play = _run_file(tmp_path / "b.json", 0, [(0, False, [1.0], [True])], method="gigpo")
