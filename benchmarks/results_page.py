@@ -219,16 +219,13 @@ def gpu_check(result: dict[str, Any]) -> str:
 
 
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
-CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # the current methods, on the AVX2-only box
+CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method, on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_BASELINES = "credit_quality_sampled_baselines_float32.json"  # the seven baselines, first batches
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
-    ("Credit quality on ALFWorld, the comparison methods (the first batches of the setting above)",
-     (CREDIT_QUALITY_BASELINES,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
@@ -249,18 +246,6 @@ def render(results_dir: Path = RESULTS) -> str:
         sources = "\n".join(_provenance(result, name) for result, name in zip(results, file_names))
         parts.append(f"## {title}\n\n{section(*results)}\n\n{sources}\n")
     return "\n".join(parts)
-
-
-def _summary_credit(result: dict[str, Any]) -> str:
-    methods = result["methods"]
-    cells = []
-    for method in methods:
-        if method == "grpo":
-            continue
-        won, failed = (_with_interval(methods[method]["scores"][pool]["auc"], methods[method]["intervals"][pool]["auc"])
-                       for pool in ("success", "failed"))
-        cells.append(f"{method} {won} / {failed}")
-    return "; ".join(cells) + " (GRPO 0.5 / 0.5)"
 
 
 def _summary_verdicts(result: dict[str, Any]) -> str:
@@ -286,9 +271,9 @@ def _summary_pi(result: dict[str, Any]) -> str:
 
 
 SUMMARY: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
-    ("Credit quality on ALFWorld: AUC of the action weights against the planner's progress labels, won / failed "
-     "trajectories, 95 % group-bootstrap intervals", CREDIT_QUALITY,
-     "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_credit),
+    ("Credit quality on ALFWorld (sampled siblings of the warm-started policy): verdict won / failed, from the AUC "
+     "of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
+     CREDIT_QUALITY, "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_SEARCH,
      "credit-quality-on-search-qa-every-method", _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_WEBSHOP,

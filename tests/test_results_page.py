@@ -5,6 +5,7 @@ provenance."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -24,7 +25,10 @@ def test_committed_results_page_matches_the_json(page):
 def test_readme_results_table_matches_the_json(page):
     readme = page.README.read_text(encoding="utf-8")
     assert page.with_readme_table(readme, page.render_readme_table()) == readme, "run python benchmarks/results_page.py"
-    assert "taspo 0.488 [0.424, 0.578] / 0.511 [0.446, 0.572]" in readme
+    alfworld = next(line for line in readme.splitlines() if line.startswith("| Credit quality on ALFWorld"))
+    methods = json.loads((page.RESULTS / page.CREDIT_QUALITY).read_text())["methods"]
+    named = set(re.findall(r"(\w+)(?=[,:] )", alfworld.split(" | ")[1]))
+    assert named == set(methods) - {"grpo"}
 
 
 def test_a_changed_json_value_changes_the_page(page, tmp_path):
@@ -40,9 +44,12 @@ def test_a_changed_json_value_changes_the_page(page, tmp_path):
     assert "| taspo | 0.575 [0.484, 0.657] |" in page.render() and changed != page.render()
     current = results / "credit_quality_sampled_float32.json"  # the README summarises the current run
     data = json.loads(current.read_text())
-    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
+    intervals = data["methods"]["taspo"]["intervals"]
+    intervals["success"]["auc"].update(low=0.2, high=0.3)  # below 0.5 on won trajectories: wrong way
+    intervals["failed"]["auc"].update(low=0.7, high=0.8)  # above 0.5 on failed ones: wrong way
     current.write_text(json.dumps(data))
-    assert "taspo 0.610 [0.424, 0.578]" in page.render_readme_table(results)
+    assert re.search(r"\| Credit quality on ALFWorld [^|]*\| ([^|]*; )?taspo(, \w+)*: wrong way / wrong way",
+                     page.render_readme_table(results))
 
 
 def test_check_mode_fails_on_a_stale_page_or_readme(page, tmp_path, monkeypatch, capsys):
