@@ -49,9 +49,18 @@ def _provenance(result: dict[str, Any], file_name: str) -> str:
     ]
     if meta.get("recorded"):
         lines.append(f"- Provenance recorded {meta['recorded']}")
-    for part in meta.get("merged_from", []):  # a --merge of runs that each played some of the batches
-        lines.append(f"  - pooling the batches of `{part['command']}`, {part['date']}, commit `{(part['commit'] or 'unknown')[:12]}`")
+    lines += _merged_parts(meta, "  ")
     return "\n".join(lines)
+
+
+def _merged_parts(meta: dict[str, Any], indent: str) -> list[str]:
+    """The runs a --merge pooled, each with the runs it pooled in turn when it was a merge itself."""
+    lines = []
+    for part in meta.get("merged_from", []):
+        lines.append(f"{indent}- pooling the batches of `{part['command']}`, {part['date']}, commit "
+                     f"`{(part['commit'] or 'unknown')[:12]}`")
+        lines += _merged_parts(part, indent + "  ")
+    return lines
 
 
 def _auc(value: float) -> str:

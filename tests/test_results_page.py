@@ -125,6 +125,14 @@ def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
     text = page._provenance(result, "x.json")
     assert "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`" in text
     assert "`python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`" in text
+    result["provenance"]["merged_from"][0]["merged_from"] = [  # a merge pooled in a later merge
+        {"command": "python benchmarks/credit_quality.py --seed 0 --batches 1", "date": "2026-12-04 10:00 UTC", "commit": "abc"}]
+    nested = page._provenance(result, "x.json").splitlines()
+    assert nested[-3:] == [
+        "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`",
+        "    - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 1`, 2026-12-04 10:00 UTC, commit `abc`",
+        "  - pooling the batches of `python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`",
+    ]
     result["notes"] = {"gigpo": "a note."}
     assert "\n\nNote on gigpo: a note.\n\nPer batch" in page.credit_quality(result)
 
