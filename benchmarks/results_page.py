@@ -137,8 +137,9 @@ def credit_replication(*results: dict[str, Any]) -> str:
     run marks ``superseded``: its credit was computed by code that has since been replaced)."""
     labels = [f"{r['settings']['batches']} batches, {r.get('precision') or 'bf16 autocast'}, "
               f"{r['provenance']['date'][:10]}" for r in results]
-    lines = ["The same games and sampling seeds, played again on another CPU, with another build of the warm start "
-             "and another precision. A verdict that changes between the runs is not a finding.", "",
+    lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
+             "played again on another CPU, with another build of the warm start and another precision. A verdict "
+             "that changes between the runs is not a finding.", "",
              "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
     methods = [m for m in results[0]["methods"] if all(m in r["methods"] for r in results)]
     for method in methods:
