@@ -132,24 +132,52 @@ def _verdict(entry: dict[str, Any], pool: str) -> str:
     return credit_verdict(pool, interval["low"], interval["high"], entry["moved"][pool])
 
 
-def credit_replication(*results: dict[str, Any]) -> str:
-    """Each method's verdict per pool in every run, and whether it holds across them (not asked of a method that a
-    run marks ``superseded``: its credit was computed by code that has since been replaced)."""
-    labels = [f"{r['settings']['batches']} batches, {r.get('precision') or 'bf16 autocast'}, "
-              f"{r['provenance']['date'][:10]}" for r in results]
-    lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
-             "played again on another CPU, with another build of the warm start and another precision. A verdict "
-             "that changes between the runs is not a finding.", "",
-             "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
+def _what_differs(first: dict[str, Any], *others: dict[str, Any]) -> str:
+    """How the other runs differ from the first: CPU, warm-start build, precision (a file that predates the
+    warm-start fingerprint counts as another build)."""
+    def cpu(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["provenance"]["cpu_model"], tuple(r["provenance"]["cpu_flags"])
+
+    def precision(r: dict[str, Any]) -> str:
+        return (r.get("precision") or "bf16 autocast").split(" (")[0]
+
+    differences = [text for text, differs in (
+        ("on another CPU", any(cpu(o) != cpu(first) for o in others)),
+        ("with another build of the warm start", any(o.get("warm_start_fingerprint") in (None, "")
+                                                     or o.get("warm_start_fingerprint")
+                                                     != first.get("warm_start_fingerprint") for o in others)),
+        ("in another precision", any(precision(o) != precision(first) for o in others))) if differs]
+    if not differences:
+        return "with the same CPU, warm start and precision"
+    return ", ".join(differences[:-1]) + (" and " if len(differences) > 1 else "") + differences[-1]
+
+
+def _replicated_verdicts(*results: dict[str, Any]) -> list[tuple[str, str, list[str], str]]:
+    """(method, pool name, each run's verdict, whether it holds) for every method all runs scored; a method that a
+    run marks ``superseded`` is not judged: its credit was computed by code that has since been replaced."""
+    rows = []
     methods = [m for m in results[0]["methods"] if all(m in r["methods"] for r in results)]
     for method in methods:
         for pool, name in (("success", "won"), ("failed", "failed")):
             verdicts = [_verdict(r["methods"][method], pool) for r in results]
-            cells = [f"{v} ({_auc(r['methods'][method]['scores'][pool]['auc'])})" for v, r in zip(verdicts, results)]
             holds = "yes" if len(set(verdicts)) == 1 else "no"
             if any(method in r.get("superseded", {}) for r in results):
                 holds = "n/a: the method changed"
-            lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {holds} |")
+            rows.append((method, name, verdicts, holds))
+    return rows
+
+
+def credit_replication(*results: dict[str, Any]) -> str:
+    """Each method's verdict per pool in every run, and whether it holds across them."""
+    labels = [f"{r['settings']['batches']} batches, {r.get('precision') or 'bf16 autocast'}, "
+              f"{r['provenance']['date'][:10]}" for r in results]
+    lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
+             f"played again {_what_differs(*results)}. A verdict that changes between the runs is not a finding.", "",
+             "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
+    for method, name, verdicts, holds in _replicated_verdicts(*results):
+        pool = "success" if name == "won" else "failed"
+        cells = [f"{v} ({_auc(r['methods'][method]['scores'][pool]['auc'])})" for v, r in zip(verdicts, results)]
+        lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {holds} |")
     for method, note in ((m, n) for r in results for m, n in r.get("superseded", {}).items()):
         lines += ["", f"Note on {method}: {note}"]
     return "\n".join(lines)
@@ -232,11 +260,13 @@ ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method, on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
+CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
-    ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_EARLIER), credit_replication),
+    ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_BF16), credit_replication),
+    ("Credit quality under bf16 autocast, every method", (CREDIT_QUALITY_BF16,), credit_quality),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Credit quality on WebShop", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
@@ -267,6 +297,16 @@ def _summary_verdicts(result: dict[str, Any]) -> str:
     return "; ".join(f"{', '.join(methods)}: {won} / {failed}" for (won, failed), methods in groups.items())
 
 
+def _summary_replication(*results: dict[str, Any]) -> str:
+    """How many (method, pool) verdicts hold across the runs, and the ones that change."""
+    rows = [row for row in _replicated_verdicts(*results) if row[0] != "grpo"]
+    changed = [f"{method} {name} ({' / '.join(verdicts)})" for method, name, verdicts, holds in rows if holds == "no"]
+    labels = " vs ".join(f"{r['settings']['batches']} batches {(r.get('precision') or 'bf16 autocast').split(' (')[0]}"
+                         for r in results)
+    held = sum(holds == "yes" for *_, holds in rows)
+    return f"{held} of {len(rows)} hold ({labels})" + (f"; changed: {', '.join(changed)}" if changed else "")
+
+
 def _summary_curve(result: dict[str, Any]) -> str:
     games = result["eval_games"]
     runs = [f"{method} " + ", ".join(str(round(p["success"] * games)) for p in entry["seeds"][seed])
@@ -280,27 +320,29 @@ def _summary_pi(result: dict[str, Any]) -> str:
     return f"{own:+.3f} under its own guidance vs {foreign:+.3f} under another task's"
 
 
-SUMMARY: list[tuple[str, str, str, Callable[[dict[str, Any]], str]]] = [
+SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
     ("Credit quality on ALFWorld (sampled siblings of the warm-started policy): verdict won / failed, from the AUC "
      "of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
-     CREDIT_QUALITY, "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
-    ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_SEARCH,
+     (CREDIT_QUALITY,), "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
+    ("Credit quality on ALFWorld replayed in another precision: (method, pool) verdicts that hold",
+     (CREDIT_QUALITY, CREDIT_QUALITY_BF16), "credit-quality-do-the-verdicts-replicate", _summary_replication),
+    ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_SEARCH,),
      "credit-quality-on-search-qa-every-method", _summary_verdicts),
-    ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", CREDIT_QUALITY_WEBSHOP,
+    ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_WEBSHOP,),
      "credit-quality-on-webshop", _summary_verdicts),
-    ("Learning curve, CPU setting: `eval_unseen` wins", "learning_curve_cpu.json", "learning-curve-cpu-setting",
+    ("Learning curve, CPU setting: `eval_unseen` wins", ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
     ("Does the 135M policy read its privileged context? Mean log-prob shift of the actions its guidance quotes",
-     "pi_specificity.json", "does-the-policy-read-its-privileged-context", _summary_pi),
+     ("pi_specificity.json",), "does-the-policy-read-its-privileged-context", _summary_pi),
 ]
 
 
 def render_readme_table(results_dir: Path = RESULTS) -> str:
     """The README's results table, from the same files as the results page."""
     rows = ["| what | figure | details |", "|---|---|---|"]
-    for what, file_name, anchor, summary in SUMMARY:
-        result = json.loads((results_dir / file_name).read_text())
-        rows.append(f"| {what} | {summary(result)} | [results](docs/results.md#{anchor}) |")
+    for what, file_names, anchor, summary in SUMMARY:
+        results = [json.loads((results_dir / name).read_text()) for name in file_names]
+        rows.append(f"| {what} | {summary(*results)} | [results](docs/results.md#{anchor}) |")
     return "\n".join(rows)
 
 

@@ -116,6 +116,34 @@ def test_replication_says_whether_each_verdict_holds(page):
     assert "| grpo | won | no credit moved (0.500) | no credit moved (0.500) | yes |" in text
 
 
+def _replication_run(precision, cpu_flags, fingerprint, taspo_failed_interval):
+    """A two-method run whose GRPO verdicts are 'no credit moved' and whose TASPO verdicts follow the intervals."""
+    def entry(moved, won, failed):
+        return {"moved": {"success": moved, "failed": moved},
+                "intervals": {"success": {"auc": dict(zip(("low", "high"), won))},
+                              "failed": {"auc": dict(zip(("low", "high"), failed))}},
+                "scores": {"success": {"auc": sum(won) / 2}, "failed": {"auc": sum(failed) / 2}}}
+    return {"settings": {"batches": 3}, "precision": precision, "warm_start_fingerprint": fingerprint,
+            "provenance": {"date": "2026-12-04 18:00 UTC", "cpu_model": "AMD EPYC", "cpu_flags": cpu_flags},
+            "methods": {"grpo": entry(0.0, (0.5, 0.5), (0.5, 0.5)),
+                        "taspo": entry(0.9, (0.55, 0.75), taspo_failed_interval)}}
+
+
+def test_replication_names_what_differs_and_counts_the_verdicts_that_hold(page):
+    float32 = _replication_run("float32 (auto: no bf16)", ["avx2"], "abc", (0.30, 0.45))
+    bf16 = _replication_run("bf16 autocast (set by bf16: true)", ["avx2", "avx512_bf16"], "abc", (0.40, 0.60))
+    assert "played again on another CPU and in another precision." in page.credit_replication(float32, bf16)
+    same_cpu = _replication_run("bf16 autocast (auto)", ["avx2"], "xyz", (0.30, 0.45))
+    assert "played again with another build of the warm start and in another precision." in page.credit_replication(
+        float32, same_cpu)
+    assert "with the same CPU, warm start and precision" in page.credit_replication(float32, float32)
+    # TASPO won: [0.55, 0.75] right way in both; failed: [0.30, 0.45] right way, [0.40, 0.60] no clear effect.
+    # GRPO is left out of the count: 1 of TASPO's 2 verdicts holds.
+    assert page._summary_replication(float32, bf16) == (
+        "1 of 2 hold (3 batches float32 vs 3 batches bf16 autocast); changed: taspo failed (right way / no clear effect)")
+    assert page._summary_replication(float32, same_cpu) == "2 of 2 hold (3 batches float32 vs 3 batches bf16 autocast)"
+
+
 def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
     result = json.loads((page.RESULTS / "credit_quality_search_float32.json").read_text())
     result["provenance"]["merged_from"] = [
