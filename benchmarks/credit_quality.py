@@ -109,7 +109,7 @@ from taspo_trl.envs.search.progress import search_progress
 from taspo_trl.envs.webshop import webshop_task_rows
 from taspo_trl.envs.webshop.progress import webshop_distances, webshop_progress
 from taspo_trl.precision import choose_precision
-from taspo_trl.provenance import provenance
+from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
@@ -607,6 +607,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]  # GRPO's trainer plays the batch
 
+    started_at = source_commit(__file__)  # the code that plays the batches, whatever HEAD is at the end
     model = resolve_policy_path(args.model)  # builds the warm start on first use
     args.history_window = args.history_window or trained_history_window(model)  # the prompts it was trained on
     out_dir = Path(args.out)
@@ -656,7 +657,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for i, (t, a, label, plan, group) in enumerate(zip(trajectories, advantages, labels, plans, groups))
         ],
     }
-    results["provenance"] = provenance(argv, __file__)
+    results["provenance"] = provenance(argv, __file__, commit=started_at)
     title = f"{args.env}, {Path(args.model).name}, {args.siblings} siblings, {len(trajectories)} trajectories ({sum(won)} won)"
     return _save(results, out_dir, title)
 

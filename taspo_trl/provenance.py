@@ -24,6 +24,12 @@ def _cpu(cpuinfo: str) -> tuple[str, list[str]]:
     return model, [flag for flag in PRECISION_FLAGS if flag in flags]
 
 
+def source_commit(script: str) -> str | None:
+    """The commit of the checkout holding ``script`` (``-dirty`` when tracked files differ from it), or ``None``
+    outside git. A long benchmark reads it when it starts: the code that ran, even if HEAD moves before it ends."""
+    return _commit(Path(script).resolve().parent)
+
+
 def _commit(repo: Path) -> str | None:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
@@ -36,9 +42,11 @@ def _commit(repo: Path) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
-def provenance(argv: list[str] | None, script: str, cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, Any]:
+def provenance(argv: list[str] | None, script: str, cpuinfo_path: str = "/proc/cpuinfo",
+               commit: str | None = None) -> dict[str, Any]:
     """The ``provenance`` block of a result: ``script`` is the benchmark's file, ``argv`` its arguments
-    (``None``: this process's own)."""
+    (``None``: this process's own), ``commit`` the one :func:`source_commit` read when the run started (``None``:
+    read it now)."""
     try:
         cpu_model, cpu_flags = _cpu(Path(cpuinfo_path).read_text())
     except OSError:
@@ -47,7 +55,7 @@ def provenance(argv: list[str] | None, script: str, cpuinfo_path: str = "/proc/c
     script_path = Path(script).resolve()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(script_path.parent),
+        "commit": commit or _commit(script_path.parent),
         "cpu_model": cpu_model,
         "cpu_flags": cpu_flags,
         "command": " ".join(["python", f"benchmarks/{script_path.name}", *arguments]),

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 
 import pytest
 
-from taspo_trl.provenance import provenance
+from taspo_trl.provenance import provenance, source_commit
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,27 @@ def test_provenance_reads_the_cpu_and_the_command(tmp_path):
     assert record["cpu_flags"] == ["avx2"]
     assert record["command"] == "python benchmarks/credit_quality.py --batches 2"
     assert record["date"].endswith(" UTC")
+
+
+def test_a_run_records_the_commit_it_started_from_when_head_moves_before_it_ends(tmp_path):
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    script = tmp_path / "benchmarks" / "bench.py"
+    script.parent.mkdir()
+    script.write_text("print(1)\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    first = git("rev-parse", "HEAD")
+    started_at = source_commit(str(script))
+    script.write_text("print(2)\n")  # a later commit lands while the run plays its batches
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "second")
+    assert started_at == first != git("rev-parse", "HEAD")
+    assert provenance([], str(script), commit=started_at)["commit"] == first
+    assert provenance([], str(script))["commit"] == git("rev-parse", "HEAD")
+    script.write_text("print(3)\n")
+    assert source_commit(str(script)) == git("rev-parse", "HEAD") + "-dirty"
 
 
 def test_replication_says_whether_each_verdict_holds(page):
