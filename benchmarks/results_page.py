@@ -63,16 +63,26 @@ def _merged_parts(meta: dict[str, Any], indent: str) -> list[str]:
     return lines
 
 
+def _number(value: float, signed: bool = False) -> str:
+    """Three decimals, or more where three would print the verdict's boundary (0.5 for an AUC, 0 for a difference)
+    that the value does not reach: an interval ending at 0.49996 excludes 0.5, and "0.500" would hide that."""
+    boundary = 0.0 if signed else 0.5
+    for digits in range(3, 7):
+        text = f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+        if value == boundary or float(text) != boundary:
+            break
+    return text
+
+
 def _auc(value: float) -> str:
-    return f"{value:.3f}"
+    return _number(value)
 
 
 def _with_interval(value: float, interval: dict[str, float | None], signed: bool = False) -> str:
-    number = f"{value:+.3f}" if signed else f"{value:.3f}"
+    number = _number(value, signed)
     if interval["low"] is None:
         return number
-    return f"{number} [{interval['low']:+.3f}, {interval['high']:+.3f}]" if signed else \
-        f"{number} [{interval['low']:.3f}, {interval['high']:.3f}]"
+    return f"{number} [{_number(interval['low'], signed)}, {_number(interval['high'], signed)}]"
 
 
 def credit_quality(result: dict[str, Any]) -> str:

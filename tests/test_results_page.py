@@ -166,6 +166,14 @@ def test_replication_names_what_differs_and_counts_the_verdicts_that_hold(page):
     assert page._summary_replication(float32, same_cpu) == "2 of 2 hold (3 batches float32 vs 3 batches bf16 autocast)"
 
 
+def test_an_interval_end_next_to_the_boundary_is_not_printed_as_the_boundary(page):
+    # 0.4999571 excludes 0.5 (a "right way" verdict on failed trajectories): three decimals would print 0.500.
+    assert page._with_interval(0.4363, {"low": 0.3710, "high": 0.4999571}) == "0.436 [0.371, 0.49996]"
+    assert page._with_interval(0.5, {"low": 0.5, "high": 0.5}) == "0.500 [0.500, 0.500]"
+    assert page._with_interval(-0.0637, {"low": -0.129, "high": -0.0000429}, signed=True) == "-0.064 [-0.129, -0.00004]"
+    assert page._with_interval(0.6, {"low": None, "high": None}) == "0.600"
+
+
 def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
     result = json.loads((page.RESULTS / "credit_quality_search_float32.json").read_text())
     result["provenance"]["merged_from"] = [
