@@ -142,38 +142,43 @@ def _verdict(entry: dict[str, Any], pool: str) -> str:
     return credit_verdict(pool, interval["low"], interval["high"], entry["moved"][pool])
 
 
+def _precision(result: dict[str, Any]) -> str:
+    """The run's precision without the reason it was chosen (files older than that field ran bf16 autocast)."""
+    return (result.get("precision") or "bf16 autocast").split(" (")[0]
+
+
 def _what_differs(first: dict[str, Any], *others: dict[str, Any]) -> str:
     """How the other runs differ from the first: CPU, warm-start build, precision (a file that predates the
     warm-start fingerprint counts as another build)."""
     def cpu(r: dict[str, Any]) -> tuple[Any, ...]:
         return r["provenance"]["cpu_model"], tuple(r["provenance"]["cpu_flags"])
 
-    def precision(r: dict[str, Any]) -> str:
-        return (r.get("precision") or "bf16 autocast").split(" (")[0]
-
+    fingerprint = first.get("warm_start_fingerprint")
     differences = [text for text, differs in (
         ("on another CPU", any(cpu(o) != cpu(first) for o in others)),
-        ("with another build of the warm start", any(o.get("warm_start_fingerprint") in (None, "")
-                                                     or o.get("warm_start_fingerprint")
-                                                     != first.get("warm_start_fingerprint") for o in others)),
-        ("in another precision", any(precision(o) != precision(first) for o in others))) if differs]
+        ("with another build of the warm start",
+         not fingerprint or any(o.get("warm_start_fingerprint") != fingerprint for o in others)),
+        ("in another precision", any(_precision(o) != _precision(first) for o in others))) if differs]
     if not differences:
         return "with the same CPU, warm start and precision"
     return ", ".join(differences[:-1]) + (" and " if len(differences) > 1 else "") + differences[-1]
 
 
+POOL_NAMES = {"success": "won", "failed": "failed"}
+
+
 def _replicated_verdicts(*results: dict[str, Any]) -> list[tuple[str, str, list[str], str]]:
-    """(method, pool name, each run's verdict, whether it holds) for every method all runs scored; a method that a
-    run marks ``superseded`` is not judged: its credit was computed by code that has since been replaced."""
+    """(method, pool, each run's verdict, whether it holds) for every method all runs scored; a method that a run
+    marks ``superseded`` is not judged: its credit was computed by code that has since been replaced."""
     rows = []
     methods = [m for m in results[0]["methods"] if all(m in r["methods"] for r in results)]
     for method in methods:
-        for pool, name in (("success", "won"), ("failed", "failed")):
+        for pool in POOL_NAMES:
             verdicts = [_verdict(r["methods"][method], pool) for r in results]
             holds = "yes" if len(set(verdicts)) == 1 else "no"
             if any(method in r.get("superseded", {}) for r in results):
                 holds = "n/a: the method changed"
-            rows.append((method, name, verdicts, holds))
+            rows.append((method, pool, verdicts, holds))
     return rows
 
 
@@ -184,10 +189,9 @@ def credit_replication(*results: dict[str, Any]) -> str:
     lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
              f"played again {_what_differs(*results)}. A verdict that changes between the runs is not a finding.", "",
              "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
-    for method, name, verdicts, holds in _replicated_verdicts(*results):
-        pool = "success" if name == "won" else "failed"
+    for method, pool, verdicts, holds in _replicated_verdicts(*results):
         cells = [f"{v} ({_auc(r['methods'][method]['scores'][pool]['auc'])})" for v, r in zip(verdicts, results)]
-        lines.append(f"| {method} | {name} | " + " | ".join(cells) + f" | {holds} |")
+        lines.append(f"| {method} | {POOL_NAMES[pool]} | " + " | ".join(cells) + f" | {holds} |")
     for method, note in ((m, n) for r in results for m, n in r.get("superseded", {}).items()):
         lines += ["", f"Note on {method}: {note}"]
     return "\n".join(lines)
@@ -310,9 +314,9 @@ def _summary_verdicts(result: dict[str, Any]) -> str:
 def _summary_replication(*results: dict[str, Any]) -> str:
     """How many (method, pool) verdicts hold across the runs, and the ones that change."""
     rows = [row for row in _replicated_verdicts(*results) if row[0] != "grpo"]
-    changed = [f"{method} {name} ({' / '.join(verdicts)})" for method, name, verdicts, holds in rows if holds == "no"]
-    labels = " vs ".join(f"{r['settings']['batches']} batches {(r.get('precision') or 'bf16 autocast').split(' (')[0]}"
-                         for r in results)
+    changed = [f"{method} {POOL_NAMES[pool]} ({' / '.join(verdicts)})"
+               for method, pool, verdicts, holds in rows if holds == "no"]
+    labels = " vs ".join(f"{r['settings']['batches']} batches {_precision(r)}" for r in results)
     held = sum(holds == "yes" for *_, holds in rows)
     return f"{held} of {len(rows)} hold ({labels})" + (f"; changed: {', '.join(changed)}" if changed else "")
 
