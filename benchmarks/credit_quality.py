@@ -442,6 +442,45 @@ def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str
             trajectory["weights"].pop(method)
 
 
+def _seed_ranges(seeds: list[int]) -> str:
+    """``[0, 1, 2, 4]`` as ``"0-2, 4"``."""
+    ranges: list[list[int]] = []
+    for seed in sorted(set(seeds)):
+        if ranges and seed == ranges[-1][1] + 1:
+            ranges[-1][1] = seed
+        else:
+            ranges.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _precision_reasons(run: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """(why the precision was chosen, the seeds played so) for each part of a run; a merge of runs that chose it
+    for different reasons wrote them as ``float32 (seeds 0-4: auto: ...; seeds 5-6: set by bf16: false)``."""
+    reason = run["precision"].partition(" (")[2][:-1]
+    if not reason.startswith(("seed ", "seeds ")):
+        return [(reason or "reason not recorded", [batch["seed"] for batch in run["per_batch"]])]
+    parts = []
+    for part in reason.split("; "):
+        spans, _, text = part.partition(" ")[2].partition(": ")
+        bounds = [[int(x) for x in span.split("-")] for span in spans.split(", ")]
+        parts.append((text, [seed for b in bounds for seed in range(b[0], b[-1] + 1)]))
+    return parts
+
+
+def _merged_precision(runs: list[tuple[dict[str, Any], Path]]) -> str:
+    """The runs' precision; where they agree on it but chose it for different reasons (auto on a CPU without bf16
+    instructions, ``--no-bf16`` on one with them), each reason with the seeds it played, so none is misstated."""
+    seeds_by_reason: dict[str, list[int]] = {}
+    for run, _ in runs:
+        for reason, seeds in _precision_reasons(run):
+            seeds_by_reason.setdefault(reason, []).extend(seeds)
+    if len(seeds_by_reason) == 1:
+        return runs[0][0]["precision"]
+    parts = sorted(seeds_by_reason.items(), key=lambda item: min(item[1]))
+    return runs[0][0]["precision"].split()[0] + " (" + "; ".join(
+        f"seed{'s' * (len(set(seeds)) > 1)} {_seed_ranges(seeds)}: {reason}" for reason, seeds in parts) + ")"
+
+
 def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None,
           left_out: list[tuple[str, str]] = ()) -> dict[str, Any]:
     """Pool the batches of several runs of one setting into the result that one run would have written. A long
@@ -483,7 +522,7 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
         "settings": {**first["settings"], "seed": seeds[0], "batches": len(seeds), "methods": methods,
                      "out": str(out_dir), "merge": [str(p) for p in paths], "resamples": resamples,
                      "leave_out": [list(pair) for pair in left_out]},
-        "precision": first["precision"],
+        "precision": _merged_precision(runs),
         "warm_start_fingerprint": first["warm_start_fingerprint"],
         "batch": _batch_summary([t["advantage"] for t in trajectories], won, trajectories),
         "seconds": [batches[seed]["seconds"] for seed in seeds],

@@ -40,11 +40,10 @@ def _provenance(result: dict[str, Any], file_name: str) -> str:
     meta = result.get("provenance")
     if not meta:
         raise ValueError(f"benchmarks/results/{file_name} has no 'provenance' block: rerun its benchmark")
-    flags = ", ".join(meta["cpu_flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
     lines = [
         f"- Data: `benchmarks/results/{file_name}`",
         f"- Measured: {meta['date']}, commit `{(meta['commit'] or 'unknown')[:12]}`",
-        f"- CPU: {meta['cpu_model']} (flags: {flags})",
+        f"- CPU: {' and '.join(_played_on(meta))}",
         f"- Command: `{meta['command']}`",
     ]
     if meta.get("recorded"):
@@ -53,12 +52,28 @@ def _provenance(result: dict[str, Any], file_name: str) -> str:
     return "\n".join(lines)
 
 
+def _cpu(meta: dict[str, Any]) -> str:
+    if "cpu_model" not in meta:
+        return "a CPU not recorded"
+    flags = ", ".join(meta["cpu_flags"]) or "none of avx2, avx512f, avx512_bf16, amx_bf16"
+    return f"{meta['cpu_model']} (flags: {flags})"
+
+
+def _played_on(meta: dict[str, Any]) -> list[str]:
+    """The CPUs that played a result's batches, in order: a merge's own CPU only pooled its parts' batches."""
+    if not meta.get("merged_from"):
+        return [_cpu(meta)]
+    return list(dict.fromkeys(cpu for part in meta["merged_from"] for cpu in _played_on(part)))
+
+
 def _merged_parts(meta: dict[str, Any], indent: str) -> list[str]:
-    """The runs a --merge pooled, each with the runs it pooled in turn when it was a merge itself."""
+    """The runs a --merge pooled, each with the runs it pooled in turn when it was a merge itself, and the CPU
+    that played each."""
     lines = []
     for part in meta.get("merged_from", []):
+        played = "" if part.get("merged_from") else f", on {_cpu(part)}"
         lines.append(f"{indent}- pooling the batches of `{part['command']}`, {part['date']}, commit "
-                     f"`{(part['commit'] or 'unknown')[:12]}`")
+                     f"`{(part['commit'] or 'unknown')[:12]}`{played}")
         lines += _merged_parts(part, indent + "  ")
     return lines
 
@@ -150,12 +165,12 @@ def _precision(result: dict[str, Any]) -> str:
 def _what_differs(first: dict[str, Any], *others: dict[str, Any]) -> str:
     """How the other runs differ from the first: CPU, warm-start build, precision (a file that predates the
     warm-start fingerprint counts as another build)."""
-    def cpu(r: dict[str, Any]) -> tuple[Any, ...]:
-        return r["provenance"]["cpu_model"], tuple(r["provenance"]["cpu_flags"])
-
+    first_cpus = set(_played_on(first["provenance"]))
+    other_cpus = [set(_played_on(o["provenance"])) for o in others]
     fingerprint = first.get("warm_start_fingerprint")
     differences = [text for text, differs in (
-        ("on another CPU", any(cpu(o) != cpu(first) for o in others)),
+        ("partly on another CPU" if all(cpus & first_cpus for cpus in other_cpus) else "on another CPU",
+         any(cpus != first_cpus for cpus in other_cpus)),
         ("with another build of the warm start",
          not fingerprint or any(o.get("warm_start_fingerprint") != fingerprint for o in others)),
         ("in another precision", any(_precision(o) != _precision(first) for o in others))) if differs]

@@ -139,6 +139,26 @@ def test_merge_refuses_runs_that_are_not_parts_of_one_setting(credit_quality, tm
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_merge_keeps_each_parts_reason_for_its_precision(credit_quality, tmp_path):
+    # float32 chosen automatically on a CPU without bf16 instructions (seeds 0, 1) and by --no-bf16 on one with them
+    # (seed 2): one precision, pooled, with both reasons kept and the seeds each covers.
+    one = [(0, True, [1.0], [True])]
+    auto, forced = "float32 (auto: no bf16 here)", "float32 (set by bf16: false)"
+    parts = [_run_file(tmp_path / f"{seed}.json", seed, one, precision=precision)
+             for seed, precision in ((0, auto), (2, forced), (1, auto))]
+    merged = credit_quality.main(["--merge", *map(str, parts), "--out", str(tmp_path / "m"), "--resamples", "20"])
+    assert merged["precision"] == "float32 (seeds 0-1: auto: no bf16 here; seed 2: set by bf16: false)"
+    # merged again with another automatic part, the reasons are read back and the seeds regrouped
+    later = _run_file(tmp_path / "4.json", 4, one, precision=auto)
+    again = credit_quality.main(["--merge", str(tmp_path / "m" / "credit_quality.json"), str(later),
+                                 "--out", str(tmp_path / "m2"), "--resamples", "20"])
+    assert again["precision"] == "float32 (seeds 0-1, 4: auto: no bf16 here; seed 2: set by bf16: false)"
+    # parts that agree keep their text as it was
+    same = credit_quality.main(["--merge", str(parts[0]), str(parts[2]), "--out", str(tmp_path / "m3"),
+                                "--resamples", "20"])
+    assert same["precision"] == auto
+
+
 def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_path):
     played = [(0, True, [1.2, 0.8], [True, False]), (0, False, [0.9, 1.1], [True, False])]
     taspo = _run_file(tmp_path / "a.json", 0, played)

@@ -166,6 +166,29 @@ def test_replication_names_what_differs_and_counts_the_verdicts_that_hold(page):
     assert page._summary_replication(float32, same_cpu) == "2 of 2 hold (3 batches float32 vs 3 batches bf16 autocast)"
 
 
+def test_a_merge_is_placed_on_the_cpus_that_played_its_parts_not_the_one_that_merged_them(page):
+    avx2 = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2"]}
+    bf16_cpu = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2", "avx512_bf16"]}
+    float32 = _replication_run("float32 (auto: no bf16)", ["avx2"], "abc", (0.30, 0.45))
+    bf16 = _replication_run("bf16 autocast (auto)", ["avx2", "avx512_bf16"], "abc", (0.30, 0.45))
+    # seeds 0-4 played on the AVX2 box and merged there, seeds 5-6 played and merged on the bf16 box
+    float32["provenance"] = {**bf16_cpu, "date": "2026-12-05 10:00 UTC", "commit": "f00", "command": "merge all",
+                             "merged_from": [
+                                 {**avx2, "date": "d0", "commit": "a", "command": "merge 0-4", "merged_from": [
+                                     {**avx2, "date": "d1", "commit": "b", "command": "play 0-4"}]},
+                                 {**bf16_cpu, "date": "d2", "commit": "c", "command": "play 5-6"}]}
+    assert page._played_on(float32["provenance"]) == ["AMD EPYC (flags: avx2)", "AMD EPYC (flags: avx2, avx512_bf16)"]
+    assert "played again partly on another CPU and in another precision." in page.credit_replication(float32, bf16)
+    assert "played again partly on another CPU and in another precision." in page.credit_replication(bf16, float32)
+    float32["provenance"]["merged_from"].pop()  # now only the AVX2 box played it
+    assert "played again on another CPU and in another precision." in page.credit_replication(float32, bf16)
+    float32["settings"] = {"env": "alfworld"}
+    lines = page._provenance(float32, "x.json").splitlines()
+    assert "- CPU: AMD EPYC (flags: avx2)" in lines  # not the merging box
+    assert lines[-2:] == ["  - pooling the batches of `merge 0-4`, d0, commit `a`",
+                          "    - pooling the batches of `play 0-4`, d1, commit `b`, on AMD EPYC (flags: avx2)"]
+
+
 def test_an_interval_end_next_to_the_boundary_is_not_printed_as_the_boundary(page):
     # 0.4999571 excludes 0.5 (a "right way" verdict on failed trajectories): three decimals would print 0.500.
     assert page._with_interval(0.4363, {"low": 0.3710, "high": 0.4999571}) == "0.436 [0.371, 0.49996]"
@@ -181,15 +204,15 @@ def test_a_merged_result_names_every_run_it_pools_and_its_notes(page):
         {"command": "python benchmarks/credit_quality.py --seed 2 --batches 5", "date": "2026-12-04 13:00 UTC", "commit": None},
     ]
     text = page._provenance(result, "x.json")
-    assert "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`" in text
-    assert "`python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`" in text
+    assert "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`, on a CPU not recorded" in text
+    assert "`python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`, on a CPU not recorded" in text
     result["provenance"]["merged_from"][0]["merged_from"] = [  # a merge pooled in a later merge
         {"command": "python benchmarks/credit_quality.py --seed 0 --batches 1", "date": "2026-12-04 10:00 UTC", "commit": "abc"}]
     nested = page._provenance(result, "x.json").splitlines()
     assert nested[-3:] == [
         "  - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 2`, 2026-12-04 11:08 UTC, commit `0ff7627abcde`",
-        "    - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 1`, 2026-12-04 10:00 UTC, commit `abc`",
-        "  - pooling the batches of `python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`",
+        "    - pooling the batches of `python benchmarks/credit_quality.py --seed 0 --batches 1`, 2026-12-04 10:00 UTC, commit `abc`, on a CPU not recorded",
+        "  - pooling the batches of `python benchmarks/credit_quality.py --seed 2 --batches 5`, 2026-12-04 13:00 UTC, commit `unknown`, on a CPU not recorded",
     ]
     result["notes"] = {"gigpo": "a note."}
     assert "\n\nNote on gigpo: a note.\n\nPer batch" in page.credit_quality(result)
