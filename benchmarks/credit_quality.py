@@ -49,8 +49,9 @@ that win nothing. Under bf16 autocast on a 2-core AMD EPYC with AVX512-BF16, one
 takes 16-23 min (4 Dec, seeds 0-2: rollout 1.6 min, AlignOPSD 5-9, TASPO 1-1.5, the seven comparison methods 7-10),
 so the default 7 batches take 2-2.7 hours, and GRPO, TASPO, AlignOPSD and GiGPO alone 1-1.5 hours. In float32
 on a 2-core AVX2 CPU without bf16 instructions one batch of every method takes about 48 min (4 Dec, seed 3: rollout
-6.6 min, AlignOPSD 25.5, the seven comparison methods 15; TASPO 3-4 min). Either way the default runs in parts
-(below). The same count in task groups: 4 ALFWorld batches gave 20 groups with a
+6.6 min, AlignOPSD 25.5, the seven comparison methods 15; TASPO 3-4 min), and 29 min on the AVX512-BF16 EPYC
+with ``--no-bf16`` (4 Dec, seed 5: rollout 3.6 min, AlignOPSD 12.9, the seven comparison methods 10.4, TASPO 2.2).
+Either way the default runs in parts (below). The same count in task groups: 4 ALFWorld batches gave 20 groups with a
 non-zero advantage, so 20 x (0.044 / 0.036)^2 = 30 such groups are needed. Search-QA's default (7 batches of 16
 tasks) gave 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage
 with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. Measured (4 Dec, that
