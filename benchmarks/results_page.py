@@ -163,8 +163,8 @@ def _precision(result: dict[str, Any]) -> str:
 
 
 def _what_differs(first: dict[str, Any], *others: dict[str, Any]) -> str:
-    """How the other runs differ from the first: CPU, warm-start build, precision (a file that predates the
-    warm-start fingerprint counts as another build)."""
+    """How the other runs differ from the first: the CPUs that played them ("partly" where they share one),
+    warm-start build, precision (a file that predates the warm-start fingerprint counts as another build)."""
     first_cpus = set(_played_on(first["provenance"]))
     other_cpus = [set(_played_on(o["provenance"])) for o in others]
     fingerprint = first.get("warm_start_fingerprint")
