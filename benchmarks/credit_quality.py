@@ -478,7 +478,7 @@ def _merged_precision(runs: list[tuple[dict[str, Any], Path]]) -> str:
     if len(seeds_by_reason) == 1:
         return runs[0][0]["precision"]
     parts = sorted(seeds_by_reason.items(), key=lambda item: min(item[1]))
-    return runs[0][0]["precision"].split()[0] + " (" + "; ".join(
+    return runs[0][0]["precision"].partition(" (")[0] + " (" + "; ".join(
         f"seed{'s' * (len(set(seeds)) > 1)} {_seed_ranges(seeds)}: {reason}" for reason, seeds in parts) + ")"
 
 

@@ -157,6 +157,11 @@ def test_merge_keeps_each_parts_reason_for_its_precision(credit_quality, tmp_pat
     same = credit_quality.main(["--merge", str(parts[0]), str(parts[2]), "--out", str(tmp_path / "m3"),
                                 "--resamples", "20"])
     assert same["precision"] == auto
+    # a two-word precision keeps both words
+    bf16 = [_run_file(tmp_path / f"b{seed}.json", seed, one, precision=precision)
+            for seed, precision in ((0, "bf16 autocast (auto: avx512_bf16)"), (1, "bf16 autocast (set by bf16: true)"))]
+    mixed = credit_quality.main(["--merge", *map(str, bf16), "--out", str(tmp_path / "m4"), "--resamples", "20"])
+    assert mixed["precision"] == "bf16 autocast (seed 0: auto: avx512_bf16; seed 1: set by bf16: true)"
 
 
 def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_path):
