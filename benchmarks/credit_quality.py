@@ -64,7 +64,7 @@ A long setting can run in parts: batch b's rollouts and credit depend only on it
 B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
 per-batch figures). Runs of other methods on the same seeds join too: their trajectories must be identical, and
 each method must score every batch once; ``--leave-out A.json alignopsd`` drops one file's scores of a method that
-another file rescored (after a fix). It refuses runs that differ in another setting, the precision or the warm
+another file rescored (after a fix), ``--leave-out A.json alignopsd@1-2`` only those of seeds 1 and 2. It refuses runs that differ in another setting, the precision or the warm
 start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
@@ -426,8 +426,10 @@ def _merge_batches(runs: list[tuple[dict[str, Any], Path]]) -> dict[int, dict[st
 
 def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str, str]]) -> None:
     """Remove each (file, method) of ``left_out`` from that run's scores, so a method rescored by a later run (after
-    a fix, say) is pooled from the later run only."""
-    for file, method in left_out:
+    a fix, say) is pooled from the later run only. ``METHOD@SEEDS`` (``alignopsd@1-2``, ``taspo@0,3``) removes
+    only those batches' scores."""
+    for file, spec in left_out:
+        method, _, seed_text = spec.partition("@")
         matches = [run for run, path in runs if path.resolve() == Path(file).resolve()]
         if not matches:
             raise SystemExit(f"--leave-out: {file} is not one of the --merge files.")
@@ -435,12 +437,35 @@ def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str
         if method == "grpo" or method not in run["settings"]["methods"]:
             raise SystemExit(f"--leave-out: {file} has no {method} scores to leave out "
                              f"(it scored {[m for m in run['settings']['methods'] if m != 'grpo']}; GRPO always stays).")
-        run["settings"]["methods"] = [m for m in run["settings"]["methods"] if m != method]
-        for entry, seconds in zip(run["per_batch"], run["seconds"], strict=True):
-            entry["methods"].pop(method, None)
-            seconds.pop(method, None)
+        played = [batch["seed"] for batch in run["per_batch"]]
+        try:
+            seeds = _parse_seed_ranges(seed_text) if seed_text else played
+        except ValueError:
+            raise SystemExit(f"--leave-out: cannot read the seeds of {spec!r}; write METHOD@SEEDS as alignopsd@1-2 "
+                             "or alignopsd@0,3.") from None
+        if set(seeds) - set(played):
+            raise SystemExit(f"--leave-out: {file} played no batch with seed {_seed_ranges(sorted(set(seeds) - set(played)))} "
+                             f"(its seeds: {_seed_ranges(played)}).")
+        if set(seeds) == set(played):
+            run["settings"]["methods"] = [m for m in run["settings"]["methods"] if m != method]
+        batches = [b for b, seed in enumerate(played) if seed in seeds]
+        for b in batches:
+            run["per_batch"][b]["methods"].pop(method, None)
+            run["seconds"][b].pop(method, None)
         for trajectory in run["trajectories"]:
-            trajectory["weights"].pop(method)
+            if trajectory["group"][0] in batches:
+                trajectory["weights"].pop(method)
+
+
+def _parse_seed_ranges(text: str) -> list[int]:
+    """``"0-2, 4"`` or ``"0-2,4"`` as ``[0, 1, 2, 4]``: the inverse of ``_seed_ranges``."""
+    seeds = []
+    for span in text.split(","):
+        bounds = span.strip().split("-")
+        if len(bounds) > 2 or not all(b.isdigit() for b in bounds):
+            raise ValueError(f"not a seed range: {span!r}")
+        seeds.extend(range(int(bounds[0]), int(bounds[-1]) + 1))
+    return seeds
 
 
 def _seed_ranges(seeds: list[int]) -> str:
@@ -463,8 +488,7 @@ def _precision_reasons(run: dict[str, Any]) -> list[tuple[str, list[int]]]:
     parts = []
     for part in reason.split("; "):
         spans, _, text = part.partition(" ")[2].partition(": ")
-        bounds = [[int(x) for x in span.split("-")] for span in spans.split(", ")]
-        parts.append((text, [seed for b in bounds for seed in range(b[0], b[-1] + 1)]))
+        parts.append((text, _parse_seed_ranges(spans)))
     return parts
 
 
@@ -632,7 +656,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                         help="only pool earlier runs of one setting (other seeds, or other methods on the same seeds) into --out")
     parser.add_argument("--leave-out", nargs=2, action="append", default=[], metavar=("JSON", "METHOD"),
-                        help="with --merge: do not pool METHOD's scores from the file JSON (another file rescored it)")
+                        help="with --merge: do not pool METHOD's scores from the file JSON (another file rescored it); "
+                             "METHOD@SEEDS (alignopsd@1-2) leaves out only those batches")
     args = parser.parse_args(argv)
     if args.leave_out and not args.merge:
         parser.error("--leave-out only applies to --merge")

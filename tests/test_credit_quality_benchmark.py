@@ -247,3 +247,24 @@ def test_a_run_in_two_parts_merges_to_the_run_in_one(credit_quality, tiny_model_
                                   "--resamples", "100"])
     for key in ("batch", "methods", "per_batch", "trajectories", "bootstrap"):
         assert merged[key] == whole[key], key
+
+
+def test_merge_leaves_out_a_methods_scores_on_some_seeds_only(credit_quality, tmp_path):
+    # A two-batch file (seeds 0 and 1) whose seed-1 TASPO scores another run rescored.
+    parts = [_run_file(tmp_path / f"{seed}.json", seed, [(0, True, [1.2, 0.8], [True, False])]) for seed in (0, 1)]
+    credit_quality.main(["--merge", *map(str, parts), "--out", str(tmp_path / "old"), "--resamples", "20"])
+    old = tmp_path / "old" / "credit_quality.json"
+    rescored = _run_file(tmp_path / "new.json", 1, [(0, True, [0.7, 1.3], [True, False])])
+    out = str(tmp_path / "out")
+    results = credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "taspo@1",
+                                   "--out", out, "--resamples", "50"])
+    assert [t["weights"]["taspo"] for t in results["trajectories"]] == [[1.2, 0.8], [0.7, 1.3]]
+    # Won progress weights {1.2, 0.7} against other {0.8, 1.3}: only 1.2 > 0.8 of four pairs is ordered right.
+    assert results["methods"]["taspo"]["scores"]["success"]["auc"] == 0.25
+    assert results["settings"]["leave_out"] == [[str(old), "taspo@1"]]
+    with pytest.raises(SystemExit, match=r"played no batch with seed 3, 5 \(its seeds: 0-1\)"):
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "taspo@3,5", "--out", out])
+    with pytest.raises(SystemExit, match="cannot read the seeds of 'taspo@one'; write METHOD@SEEDS as alignopsd@1-2"):
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "taspo@one", "--out", out])
+    with pytest.raises(SystemExit, match=r"seed 1 is scored by \['taspo'\] in both"):  # seed 0 left out instead
+        credit_quality.main(["--merge", str(old), str(rescored), "--leave-out", str(old), "taspo@0", "--out", out])
