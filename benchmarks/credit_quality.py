@@ -479,31 +479,45 @@ def _seed_ranges(seeds: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
-def _precision_reasons(run: dict[str, Any]) -> list[tuple[str, list[int]]]:
-    """(why the precision was chosen, the seeds played so) for each part of a run; a merge of runs that chose it
-    for different reasons wrote them as ``float32 (seeds 0-4: auto: ...; seeds 5-6: set by bf16: false)``."""
+def _precision_reasons(run: dict[str, Any]) -> list[tuple[str, list[int], list[str]]]:
+    """(why the precision was chosen, the seeds played so, the methods scored so) for each part of a run; a merge
+    of runs that chose it for different reasons wrote them as ``float32 (seeds 0-4: auto: ...; seeds 5-6: set by
+    bf16: false)``, or, where the parts scored other methods on the same seeds, ``float32 (seeds 0-3 for taspo,
+    gigpo: auto: ...; seeds 0-3 for rlsd, opid: set by bf16: false)``."""
     reason = run["precision"].partition(" (")[2][:-1]
+    methods = [m for m in run["settings"]["methods"] if m != "grpo"] or ["grpo"]
     if not reason.startswith(("seed ", "seeds ")):
-        return [(reason or "reason not recorded", [batch["seed"] for batch in run["per_batch"]])]
+        return [(reason or "reason not recorded", [batch["seed"] for batch in run["per_batch"]], methods)]
     parts = []
     for part in reason.split("; "):
-        spans, _, text = part.partition(" ")[2].partition(": ")
-        parts.append((text, _parse_seed_ranges(spans)))
+        scope, _, text = part.partition(" ")[2].partition(": ")
+        spans, _, named = scope.partition(" for ")
+        parts.append((text, _parse_seed_ranges(spans), named.split(", ") if named else methods))
     return parts
 
 
 def _merged_precision(runs: list[tuple[dict[str, Any], Path]]) -> str:
     """The runs' precision; where they agree on it but chose it for different reasons (auto on a CPU without bf16
-    instructions, ``--no-bf16`` on one with them), each reason with the seeds it played, so none is misstated."""
-    seeds_by_reason: dict[str, list[int]] = {}
+    instructions, ``--no-bf16`` on one with them), each reason with the seeds it played, and with the methods it
+    scored where two reasons share a seed, so none is misstated."""
+    by_reason: dict[str, tuple[set[int], set[str]]] = {}
     for run, _ in runs:
-        for reason, seeds in _precision_reasons(run):
-            seeds_by_reason.setdefault(reason, []).extend(seeds)
-    if len(seeds_by_reason) == 1:
+        for reason, seeds, methods in _precision_reasons(run):
+            known_seeds, known_methods = by_reason.setdefault(reason, (set(), set()))
+            known_seeds.update(seeds)
+            known_methods.update(methods)
+    if len(by_reason) == 1:
         return runs[0][0]["precision"]
-    parts = sorted(seeds_by_reason.items(), key=lambda item: min(item[1]))
+    shared_seed = len(set().union(*(seeds for seeds, _ in by_reason.values()))) < sum(
+        len(seeds) for seeds, _ in by_reason.values())
+
+    def scope(seeds: set[int], methods: set[str]) -> str:
+        played = f"seed{'s' * (len(seeds) > 1)} {_seed_ranges(sorted(seeds))}"
+        return f"{played} for {', '.join(m for m in METHODS if m in methods)}" if shared_seed else played
+
+    parts = sorted(by_reason.items(), key=lambda item: min(item[1][0]))
     return runs[0][0]["precision"].partition(" (")[0] + " (" + "; ".join(
-        f"seed{'s' * (len(set(seeds)) > 1)} {_seed_ranges(seeds)}: {reason}" for reason, seeds in parts) + ")"
+        f"{scope(seeds, methods)}: {reason}" for reason, (seeds, methods) in parts) + ")"
 
 
 def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None,

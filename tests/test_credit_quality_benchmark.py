@@ -162,6 +162,13 @@ def test_merge_keeps_each_parts_reason_for_its_precision(credit_quality, tmp_pat
             for seed, precision in ((0, "bf16 autocast (auto: avx512_bf16)"), (1, "bf16 autocast (set by bf16: true)"))]
     mixed = credit_quality.main(["--merge", *map(str, bf16), "--out", str(tmp_path / "m4"), "--resamples", "20"])
     assert mixed["precision"] == "bf16 autocast (seed 0: auto: avx512_bf16; seed 1: set by bf16: true)"
+    # other methods scored on the same seeds for another reason: each reason names its methods, and reads back
+    taspo = [_run_file(tmp_path / f"t{seed}.json", seed, one, precision=auto) for seed in (0, 1)]
+    gigpo = [_run_file(tmp_path / f"g{seed}.json", seed, one, method="gigpo", precision=forced) for seed in (0, 1)]
+    joined = credit_quality.main(["--merge", *map(str, taspo + gigpo), "--out", str(tmp_path / "m5"), "--resamples", "20"])
+    assert joined["precision"] == ("float32 (seeds 0-1 for taspo: auto: no bf16 here; "
+                                   "seeds 0-1 for gigpo: set by bf16: false)")
+    assert [reason[2] for reason in credit_quality._precision_reasons(joined)] == [["taspo"], ["gigpo"]]
 
 
 def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_path):
