@@ -56,7 +56,9 @@ non-zero advantage, so 20 x (0.044 / 0.036)^2 = 30 such groups are needed. Searc
 tasks) gave 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage
 with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. Measured (4 Dec, that
 CPU, GRPO, TASPO and GiGPO): 120 of 192 siblings won and 42 of the 48 groups had a non-zero advantage; 70 min wall,
-with test runs sharing the cores for a third of it. ``--quick`` is one batch of two families or 4 tasks with 200
+with test runs sharing the cores for a third of it; the seven comparison methods take 37-45 min a batch on the
+AVX512-BF16 EPYC with ``--no-bf16`` (5 Dec, seeds 2-3: rollout 6-7 min, RLSD 8, OPID 12-13, StepOPSD 9, Skill-SD 0-9:
+its teacher pass is shared when its contexts match an earlier method's). ``--quick`` is one batch of two families or 4 tasks with 200
 resamples, for smoke runs.
 
 A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0

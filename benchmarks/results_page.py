@@ -286,7 +286,7 @@ def gpu_check(result: dict[str, Any]) -> str:
 
 
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
-CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method, on the AVX2-only box
+CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method; seeds 0-4 on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
@@ -298,7 +298,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality under bf16 autocast, every method", (CREDIT_QUALITY_BF16,), credit_quality),
     ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
-    ("Credit quality on WebShop", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
+    ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
@@ -358,7 +358,7 @@ SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_SEARCH,),
      "credit-quality-on-search-qa-every-method", _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_WEBSHOP,),
-     "credit-quality-on-webshop", _summary_verdicts),
+     "credit-quality-on-webshop-every-method", _summary_verdicts),
     ("Learning curve, CPU setting: `eval_unseen` wins", ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
     ("Does the 135M policy read its privileged context? Mean log-prob shift of the actions its guidance quotes",
