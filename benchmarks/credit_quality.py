@@ -57,17 +57,17 @@ tasks) gave 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a g
 with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. Measured (4 Dec, that
 CPU, GRPO, TASPO and GiGPO): 120 of 192 siblings won and 42 of the 48 groups had a non-zero advantage; 70 min wall,
 with test runs sharing the cores for a third of it; the seven comparison methods take 37-45 min a batch on the
-AVX512-BF16 EPYC with ``--no-bf16`` (5 Dec, seeds 2-3: rollout 6-7 min, RLSD 8, OPID 12-13, StepOPSD 9, Skill-SD 0-9:
-its teacher pass is shared when its contexts match an earlier method's). ``--quick`` is one batch of two families or 4 tasks with 200
-resamples, for smoke runs.
+AVX512-BF16 EPYC with ``--no-bf16`` (5 Dec, seeds 2-3: rollout 6-7 min, RLSD 8, OPID 12-13, StepOPSD 9, Skill-SD
+0-9: its teacher pass is shared when its contexts match an earlier method's). ``--quick`` is one batch of two
+families or 4 tasks with 200 resamples, for smoke runs.
 
 A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0
 --batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
 B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
 per-batch figures). Runs of other methods on the same seeds join too: their trajectories must be identical, and
 each method must score every batch once; ``--leave-out A.json alignopsd`` drops one file's scores of a method that
-another file rescored (after a fix), ``--leave-out A.json alignopsd@1-2`` only those of seeds 1 and 2. It refuses runs that differ in another setting, the precision or the warm
-start.
+another file rescored (after a fix), ``--leave-out A.json alignopsd@1-2`` only those of seeds 1 and 2. It refuses
+runs that differ in another setting, the precision or the warm start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
@@ -446,8 +446,8 @@ def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str
             raise SystemExit(f"--leave-out: cannot read the seeds of {spec!r}; write METHOD@SEEDS as alignopsd@1-2 "
                              "or alignopsd@0,3.") from None
         if set(seeds) - set(played):
-            raise SystemExit(f"--leave-out: {file} played no batch with seed {_seed_ranges(sorted(set(seeds) - set(played)))} "
-                             f"(its seeds: {_seed_ranges(played)}).")
+            unplayed = _seed_ranges(sorted(set(seeds) - set(played)))
+            raise SystemExit(f"--leave-out: {file} played no batch with seed {unplayed} (its seeds: {_seed_ranges(played)}).")
         if set(seeds) == set(played):
             run["settings"]["methods"] = [m for m in run["settings"]["methods"] if m != method]
         batches = [b for b, seed in enumerate(played) if seed in seeds]
