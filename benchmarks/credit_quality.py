@@ -510,8 +510,8 @@ def _merged_precision(runs: list[tuple[dict[str, Any], Path]]) -> str:
             known_methods.update(methods)
     if len(by_reason) == 1:
         return runs[0][0]["precision"]
-    shared_seed = len(set().union(*(seeds for seeds, _ in by_reason.values()))) < sum(
-        len(seeds) for seeds, _ in by_reason.values())
+    every_seed = [seed for seeds, _ in by_reason.values() for seed in seeds]
+    shared_seed = len(every_seed) > len(set(every_seed))
 
     def scope(seeds: set[int], methods: set[str]) -> str:
         played = f"seed{'s' * (len(seeds) > 1)} {_seed_ranges(sorted(seeds))}"
