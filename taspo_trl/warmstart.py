@@ -54,7 +54,10 @@ _DATA_MODULES = (
     "trainers/sft.py",
 )
 # Bump when ``train_warm_start`` changes how it trains (its settings beyond ``WarmStart``'s fields).
-_BUILD_VERSION = 3
+_BUILD_VERSION = 4
+# A seed whose ALFWorld train games no warm start here trained on (they use games_seed 0 and 1): the quickstarts
+# and the evaluation of a warm start on train games play these, so RL starts on games the policy never saw.
+FRESH_GAMES_SEED = 1000
 # The linear layers of a decoder block of the Llama-style models the warm starts build on (SmolLM2).
 _BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _VERSIONED_PACKAGES = ("torch", "transformers", "trl", "textworld", "alfworld")
@@ -391,7 +394,7 @@ def train_warm_start(
         demonstration_mistake_rate=spec.mistake_rate,
         demonstration_wander_rate=spec.wander_rate,
         demonstration_foreign_pi_share=spec.foreign_pi_share,
-        frozen_layers=0 if spec.lora_rank else spec.frozen_layers,  # LoRA: the adapter skips them (_lora_config)
+        frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
         bf16=bf16,
         logging_steps=5,
