@@ -5,9 +5,11 @@
 
 Two measurements per model, both with the quickstart's prompts (turn layout; the history window the model was
 trained with, read from its ``warm_start.json``, else 1, or ``--history-window``):
-1. greedy decoding on generated ``eval_unseen`` games (rooms and objects the warm start never saw): the
-   valid-action rate over all turns, success per task family, and the mean steps of the won episodes;
-2. sampling at temperature 1 on the quickstart's own train games with its K siblings per game: in how many
+1. greedy decoding on generated ``eval_unseen`` games (rooms and objects the warm start never saw; 10 per family
+   by default): the valid-action rate over all turns, success per task family and overall with its 95 % Wilson
+   interval, and the mean steps of the won episodes;
+2. sampling at temperature 1 on fresh train games (``--train-games-seed``, default the quickstarts' seed, whose
+   games no warm start trained on; 4 per family) with K siblings per game, as an RL step samples them: in how many
    groups at least one sibling wins (what TASPO needs to have something to learn from) and how many are mixed.
 
 Prints a markdown table per measurement and writes everything as JSON.
@@ -27,7 +29,18 @@ from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows
 from taspo_trl.models import load_model_and_tokenizer
-from taspo_trl.warmstart import resolve_policy_path, trained_history_window
+from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for the default ``z``); (0, 1) with no trials."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * (p * (1 - p) / trials + z * z / (4 * trials * trials)) ** 0.5 / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def act_stats(trajectories: list[Any]) -> dict[str, Any]:
@@ -39,8 +52,12 @@ def act_stats(trajectories: list[Any]) -> dict[str, Any]:
     won = [t for t in trajectories if t.won]
     return {
         "valid_action_rate": sum(turn.action_valid for turn in turns) / max(len(turns), 1),
-        "success": sum(t.won for t in trajectories) / max(len(trajectories), 1),
+        "success": len(won) / max(len(trajectories), 1),
+        "success_interval_95": wilson_interval(len(won), len(trajectories)),
+        "wins": len(won),
         "success_per_family": {f: sum(w) / len(w) for f, w in sorted(families.items())},
+        "wins_per_family": {f: sum(w) for f, w in sorted(families.items())},
+        "families_with_a_win": sum(any(w) for w in families.values()),
         "mean_steps_won": sum(t.num_turns for t in won) / len(won) if won else None,
         "episodes": len(trajectories),
     }
@@ -82,19 +99,22 @@ def render(results: list[dict[str, Any]]) -> str:
     lines = [
         "Greedy, eval_unseen:",
         "",
-        "| Model | Valid actions | " + " | ".join(short) + " | All | Mean steps (won) |",
+        "| Model | Valid actions | " + " | ".join(short) + " | All [95 %] | Mean steps (won) |",
         "|---|---|" + "---|" * len(families) + "---|---|",
     ]
     for r in results:
         g = r["eval_unseen_greedy"]
         steps = "-" if g["mean_steps_won"] is None else f"{g['mean_steps_won']:.1f}"
         cells = " | ".join(f"{g['success_per_family'].get(f, 0.0):.2f}" for f in families)
-        lines.append(f"| {r['model']} | {g['valid_action_rate']:.2f} | {cells} | {g['success']:.2f} | {steps} |")
-    lines += ["", "Temperature 1, quickstart train games, K siblings per game:", "",
+        low, high = g["success_interval_95"]
+        lines.append(f"| {r['model']} | {g['valid_action_rate']:.2f} | {cells} | {g['success']:.2f} "
+                     f"[{low:.2f}, {high:.2f}] ({g['wins']}/{g['episodes']}) | {steps} |")
+    lines += ["", "Temperature 1, fresh train games (never in the warm start's data), K siblings per game:", "",
               "| Model | Valid actions | Success | Groups with a success | Mixed groups |", "|---|---|---|---|---|"]
     for r in results:
         t = r["train_siblings_t1"]
-        lines.append(f"| {r['model']} | {t['valid_action_rate']:.2f} | {t['success']:.2f} | "
+        low, high = t["success_interval_95"]
+        lines.append(f"| {r['model']} | {t['valid_action_rate']:.2f} | {t['success']:.2f} [{low:.2f}, {high:.2f}] | "
                      f"{t['groups_with_a_success']}/{t['groups']} | {t['mixed_groups']}/{t['groups']} |")
     return "\n".join(lines)
 
@@ -102,10 +122,13 @@ def render(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["embedded", "embedded:smollm2-135m-alfworld"])
-    parser.add_argument("--games-per-type", type=int, default=2, help="eval_unseen games per family")
+    parser.add_argument("--games-per-type", type=int, default=10, help="eval_unseen games per family")
+    parser.add_argument("--train-games-per-type", type=int, default=4, help="fresh train games per family")
+    parser.add_argument("--train-games-seed", type=int, default=FRESH_GAMES_SEED,
+                        help="seed of the fresh train games (default: the quickstarts', never in a warm start's data)")
     parser.add_argument("--eval-turns", type=int, default=20)
     parser.add_argument("--train-turns", type=int, default=12, help="the quickstart's max_turns")
-    parser.add_argument("--siblings", type=int, default=4, help="the quickstart's num_generations")
+    parser.add_argument("--siblings", type=int, default=4, help="siblings per fresh game (the quickstart's num_generations)")
     parser.add_argument("--max-completion-length", type=int, default=48, help="the quickstart's response length")
     parser.add_argument("--history-window", type=int, default=None,
                         help="prompt history window (default: the model's warm_start.json, else 1)")
@@ -119,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     root = Path(args.games_dir or tempfile.mkdtemp(prefix="warm_start_eval-"))
     unseen_rows = task_spec_rows(generate_games(root / "eval_unseen", args.games_per_type, 0, "eval_unseen"))
-    train_rows = task_spec_rows(generate_games(root / "quickstart", 1, 0, "train"))  # the quickstart's six games
+    train_rows = task_spec_rows(generate_games(root / "train", args.train_games_per_type, args.train_games_seed, "train"))
     results = [evaluate_model(name, unseen_rows, train_rows, args) for name in args.models]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
