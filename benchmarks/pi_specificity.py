@@ -8,6 +8,12 @@ generic movement rather than the guidance. A policy that reads it also raises th
 rule-based analyzer's statements quote the commands, e.g. ``("take cd 1 from drawer 4")``) more than the others:
 the JSON splits the mean shifts by whether the own PI quotes the action.
 
+How much a shift can be: an action's shift is its mean token log-prob with the PI minus without it, and a log-prob
+is at most 0, so the shift is at most the action's *gap* -``plain_logprob`` (its mean over tokens of -log pi without
+the PI, the plain log-probs the trainer subtracts): an action the policy already predicts with certainty has nothing
+to gain from any context. ``gap_share_own_quoted`` is the quoted actions' summed shift under their own PI over their
+summed gap (1: the PI makes them certain; 0: no movement), ``gap_share_foreign_quoted`` the same under the foreign PI.
+
 The batch is scripted (``credit_quality.py --siblings scripted``: per game two walkthrough wins and two stalling
 failures, scored with the policy's real log-probs), so successes exist for any policy. The foreign PI of a
 trajectory is the one of the trajectory ``--group-size`` places later (the same sibling of the next game).
@@ -54,14 +60,29 @@ def foreign_contexts(contexts: Sequence[str], group_size: int) -> list[str]:
     return [contexts[(i + group_size) % n] if contexts[i] else "" for i in range(n)]
 
 
-def _action_shifts(trainer: TASPOTrainer, step: StepView, contexts: list[str]) -> dict[tuple[int, int], float]:
-    shifts, _ = trainer._privileged_shifts(step, contexts)
-    return {key: float(values.mean()) for key, values in shifts.items()}
+def _action_shifts(
+    trainer: TASPOTrainer, step: StepView, contexts: list[str]
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float]]:
+    """Each scored action's mean privileged shift under ``contexts``, and its mean plain token log-prob: the plain
+    log-probs that ``_privileged_shifts`` subtracts, over the same action span."""
+    shifts, plain = trainer._privileged_shifts(step, contexts)
+    plain_by_turn = step.rows.collect(plain)
+    plain_means = {}
+    for i, t in shifts:
+        start, end = step.trajectories[i].turns[t].action_span
+        plain_means[(i, t)] = float(plain_by_turn[(i, t)][start:end].double().mean())
+    return {key: float(values.mean()) for key, values in shifts.items()}, plain_means
 
 
 def quoted(action: str, context: str) -> bool:
     """Whether ``context`` quotes ``action`` as a command (the rule-based analyzer writes ``("go to drawer 4")``)."""
     return bool(action) and f'"{action}"' in context
+
+
+def gap_share(shifts: Sequence[float], plain_logprobs: Sequence[float]) -> float | None:
+    """Summed shift over summed gap (-plain log-prob) of some actions; ``None`` without actions or gap."""
+    gap = -sum(plain_logprobs)
+    return sum(shifts) / gap if plain_logprobs and gap > 0 else None
 
 
 def _mean(values: torch.Tensor, mask: list[bool], wanted: bool) -> float | None:
@@ -87,7 +108,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if len(args.task_types) < 2:
         parser.error("--task-types needs at least 2 families: a foreign PI comes from another task")
+    # what credit_quality's _rows and _config read beyond the options above: its scripted ALFWorld batch
     args.siblings = "scripted"
+    args.env = "alfworld"
     cq = _credit_quality()
 
     model = resolve_policy_path(args.model)
@@ -105,8 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 text if float(a) != 0.0 else ""
                 for text, a in zip(trainer.last_step.privileged_info, step.advantages.tolist(), strict=True)
             ]
-            own = _action_shifts(trainer, step, own_pi)
-            other = _action_shifts(trainer, step, foreign_contexts(own_pi, args.group_size))
+            own, plain = _action_shifts(trainer, step, own_pi)
+            # the same rows are rescored (empty contexts stay empty), so the plain log-probs are own's
+            other, _ = _action_shifts(trainer, step, foreign_contexts(own_pi, args.group_size))
         finally:
             trainer.close()
 
@@ -115,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     b = torch.tensor([other[k] for k in keys], dtype=torch.float64)
     trajectories = step.trajectories
     named = [quoted(trajectories[i].turns[t].action, own_pi[i]) for i, t in keys]
+    quoted_keys = [k for k, q in zip(keys, named, strict=True) if q]
+    quoted_plain = [plain[k] for k in quoted_keys]
     results = {
         "settings": {**vars(args), "model_path": model},
         "actions": len(keys),
@@ -124,9 +150,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quoted_actions": sum(named),
         "mean_shift_own_pi": {"quoted": _mean(a, named, True), "not_quoted": _mean(a, named, False)},
         "mean_shift_foreign_pi": {"quoted": _mean(b, named, True), "not_quoted": _mean(b, named, False)},
+        "gap_share_own_quoted": gap_share([own[k] for k in quoted_keys], quoted_plain),
+        "gap_share_foreign_quoted": gap_share([other[k] for k in quoted_keys], quoted_plain),
         "shifts": [
             {"trajectory": i, "turn": t, "won": trajectories[i].won, "action": trajectories[i].turns[t].action,
-             "quoted": q, "own_pi": own[(i, t)], "foreign_pi": other[(i, t)]}
+             "quoted": q, "plain_logprob": plain[(i, t)], "own_pi": own[(i, t)], "foreign_pi": other[(i, t)]}
             for (i, t), q in zip(keys, named, strict=True)
         ],
         "privileged_info": own_pi,
@@ -141,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"mean shift of the {sum(named)} actions their own PI quotes: {own_means['quoted']} (under another task's "
           f"PI: {foreign_means['quoted']}); of the other {len(named) - sum(named)}: {own_means['not_quoted']} "
           f"({foreign_means['not_quoted']})")
+    print(f"share of the quoted actions' gap (-plain log-prob) their shift takes: {results['gap_share_own_quoted']} "
+          f"under their own PI, {results['gap_share_foreign_quoted']} under another task's")
     return results
 
 

@@ -4,6 +4,7 @@ policy (wiring, not figures)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -16,6 +17,18 @@ def pi_specificity(load_benchmark):
 def test_foreign_context_is_the_same_sibling_of_the_next_group(pi_specificity):
     contexts = ["p0", "p1", "", "p3", "p4", "p5"]  # groups of 2: (0, 1), (2, 3), (4, 5)
     assert pi_specificity.foreign_contexts(contexts, 2) == ["", "p3", "", "p5", "p0", "p1"]
+
+
+def test_an_empty_context_stays_empty_and_a_foreign_one_may_be_empty(pi_specificity):
+    # groups of 2: (0, 1), (2, 3); trajectory 3's foreign context is trajectory 1's, which is empty
+    assert pi_specificity.foreign_contexts(["a", "", "c", "d"], 2) == ["c", "", "a", ""]
+    assert pi_specificity.foreign_contexts(["a", "b", "c"], 1) == ["b", "c", "a"]
+
+
+def test_gap_share_by_hand(pi_specificity):
+    assert pi_specificity.gap_share([0.1, 0.3], [-0.5, -1.5]) == pytest.approx(0.4 / 2.0)
+    assert pi_specificity.gap_share([], []) is None
+    assert pi_specificity.gap_share([0.0], [0.0]) is None  # no gap to share
 
 
 def test_one_family_is_refused_before_any_work(pi_specificity, tmp_path):
@@ -42,3 +55,28 @@ def test_an_action_is_quoted_only_as_a_whole_command(pi_specificity):
     assert not pi_specificity.quoted("go to drawer 40", context)
     assert not pi_specificity.quoted("drawer 4", context)  # a fragment of a quoted command is not quoted
     assert not pi_specificity.quoted("", context) and not pi_specificity.quoted("go to drawer 4", "")
+
+
+def test_plain_logprobs_and_gap_shares(pi_specificity, tiny_model_dir, tmp_path, capsys):
+    # 3 siblings: the two walkthrough wins and one stalling failure per game, so both groups have a PI
+    out = tmp_path / "out"
+    results = pi_specificity.main([
+        "--model", tiny_model_dir, "--task-types", "pick_and_place_simple", "look_at_obj_in_light",
+        "--group-size", "3", "--max-turns", "2", "--max-completion-length", "8", "--no-bf16", "--out", str(out),
+    ])
+    written = json.loads((out / "pi_specificity.json").read_text())
+    assert written == json.loads(json.dumps(results))
+    shifts = written["shifts"]
+    assert written["actions"] == len(shifts) > 0
+    assert written["settings"]["env"] == "alfworld"
+    for s in shifts:
+        assert math.isfinite(s["plain_logprob"]) and s["plain_logprob"] <= 0
+        # a log-prob with the PI is at most 0, so the mean shift is at most the gap -plain_logprob
+        assert s["own_pi"] <= -s["plain_logprob"] + 1e-6 and s["foreign_pi"] <= -s["plain_logprob"] + 1e-6
+    quoted = [s for s in shifts if s["quoted"]]
+    assert written["quoted_actions"] == len(quoted) > 0
+    assert written["quoted_actions"] + sum(not s["quoted"] for s in shifts) == written["actions"]
+    gap = sum(-s["plain_logprob"] for s in quoted)
+    assert written["gap_share_own_quoted"] == pytest.approx(sum(s["own_pi"] for s in quoted) / gap)
+    assert written["gap_share_foreign_quoted"] == pytest.approx(sum(s["foreign_pi"] for s in quoted) / gap)
+    assert "share of the quoted actions' gap" in capsys.readouterr().out
