@@ -2,8 +2,9 @@
 
 One batch of ALFWorld rollouts (``--games-per-type`` games of every family, ``--group-size`` siblings each) is
 played once; then every method's own credit path (its trainer's ``turn_advantages``, the call of one GRPO step)
-runs on that same batch, with no training. The games are generated with ``--games-seed`` (0: the quickstart's,
-which the warm start's demonstrations cover); ``--batches`` plays them again with other samples (batch b samples
+runs on that same batch, with no training. The games are generated with ``--games-seed`` (default: the quickstarts' seed,
+``taspo_trl.warmstart.FRESH_GAMES_SEED``, whose games the warm start never trained on; a JSON's settings name the
+seed it played); ``--batches`` plays them again with other samples (batch b samples
 with seed ``--seed`` + b) and pools the batches' actions; the JSON keeps each batch's scores too. Each
 action is labelled by the planner: it "made progress" when Fast Downward's distance to the goal is shorter after
 it than before it (``taspo_trl.envs.alfworld.progress``).
@@ -119,7 +120,7 @@ from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
-from taspo_trl.warmstart import resolve_policy_path, trained_history_window
+from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
 DEFAULT_MODELS = {"alfworld": "embedded:smollm2-135m-alfworld", "webshop": "embedded", "search": "embedded"}
 ENVIRONMENTS = tuple(DEFAULT_MODELS)
@@ -647,8 +648,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--group-size", type=int, default=4, help="siblings per game")
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-completion-length", type=int, default=64)
-    parser.add_argument("--games-seed", type=int, default=0,
-                        help="seed of the generated train games (0: the quickstart's, which the warm start saw)")
+    parser.add_argument("--games-seed", type=int, default=FRESH_GAMES_SEED,
+                        help="seed of the generated train games (default: the quickstarts', never in the warm start's data)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed of the first batch")
     parser.add_argument("--batches", type=int, default=None,
                         help="batches to play on the same games and pool, batch b sampled with seed --seed + b "

@@ -54,10 +54,12 @@ _DATA_MODULES = (
     "trainers/sft.py",
 )
 # Bump when ``train_warm_start`` changes how it trains (its settings beyond ``WarmStart``'s fields).
-_BUILD_VERSION = 3
-# A seed whose ALFWorld train games no warm start here trained on (they use games_seed 0 and 1), for measuring a
-# warm start on train games it never saw (``benchmarks/warm_start_eval.py``).
+_BUILD_VERSION = 4
+# A seed whose ALFWorld train games no warm start here trained on (they use games_seed 0 and 1): the quickstarts
+# and the evaluation of a warm start on train games play these, so RL starts on games the policy never saw.
 FRESH_GAMES_SEED = 1000
+# The linear layers of a decoder block of the Llama-style models the warm starts build on (SmolLM2).
+_BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _VERSIONED_PACKAGES = ("torch", "transformers", "trl", "textworld", "alfworld")
 
 
@@ -86,12 +88,16 @@ class WarmStart:
     pi_games_per_type: int = 0
     """More train games per family (generated with seed ``games_seed + 1``) that the SFT sees only as one informed
     episode each with the privileged context in every prompt (``taspo_trl.trainers.sft.guided_sft_dataset``)."""
+    foreign_pi_share: float = 0.0
+    """Share of the plain episodes shown another task's privileged context, to be ignored
+    (``AgentSFTConfig.demonstration_foreign_pi_share``)."""
     mistake_rate: float = 0.0
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
     wander_rate: float = 0.0
     """Per-turn probability of an injected random command (``AgentSFTConfig.demonstration_wander_rate``)."""
     frozen_layers: int = 0
-    """Lowest decoder layers kept fixed, with the embeddings (``AgentSFTConfig.frozen_layers``)."""
+    """Lowest decoder layers kept fixed, with the embeddings (``AgentSFTConfig.frozen_layers``); with
+    ``lora_rank``, the adapter covers only the layers above them, so a step's backward pass stops there too."""
     relabel_episodes_per_task: int = 0
     """DAgger: sampled episodes per game of the SFT policy, whose expert corrections train a second round
     (``taspo_trl.trainers.sft.relabelled_sft_dataset``); 0 = no second round."""
@@ -139,30 +145,31 @@ WARM_STARTS: dict[str, WarmStart] = {
     "embedded:smollm2-135m-alfworld": WarmStart(
         environment="alfworld",
         base_model=EMBEDDED_MODEL,
-        games_per_type=1,
+        # 240 train games, 40 per family, so that it learns the moves rather than the rooms. The quickstarts and
+        # the evaluation's fresh train games use other seeds (games_seed 1000 and up), which it never saw.
+        games_per_type=40,
         games_seed=0,
         layout="turn",
         history_window=1,
-        num_train_epochs=4,
+        num_train_epochs=1.5,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         seed=0,
-        # Three searching episodes per game, and one informed episode with TASPO's privileged context in every
-        # prompt, so the policy learns to act on P_i and the privileged pass moves the actions P_i names.
-        demonstrations_per_task=4,
+        # Per game one searching episode and one informed episode with TASPO's privileged context P_i in every
+        # prompt (from the searching sibling, as the trainer builds it), so the policy learns to act on P_i; half
+        # the searching episodes carry another task's P_i instead, so it learns to ignore guidance that does not
+        # fit its task.
+        demonstrations_per_task=2,
         pi_episodes=1,
+        foreign_pi_share=0.5,
         mistake_rate=0.15,
-        # Half the layers fixed: 1.5x faster steps. (A rank-16 LoRA adapter, lora_rank=16 at lr 1e-3, would ship
-        # in 9.8 MB, but won 1 of 12 unseen rooms greedily and in 2 of 6 quickstart groups at T = 1, below this
-        # full fine-tune's 2 of 12 and 5 of 6.)
+        # A rank-64 LoRA adapter on the upper 15 of the 30 layers: 19.6 MB of float16 (the wheel's 20 MB budget),
+        # and the backward pass stops at layer 15 (1.5x faster steps). Trained as an adapter from the start, it
+        # needs neither the truncation nor the healing epochs of a full fine-tune.
         frozen_layers=15,
-        learning_rate=2e-4,
-        # Rank 64 of the 15 trained layers' updates ships in 19.6 MB of float16 (the wheel's 20 MB budget). The
-        # truncation alone lost most of the wins (1 of 6 quickstart groups at T = 1, against the full fine-tune's
-        # 4 of 6); two more epochs as an adapter won 5 of 6 and unseen Cool and Heat rooms greedily.
-        delta_rank=64,
-        heal_epochs=2,
-        heal_learning_rate=1e-4,
+        lora_rank=64,
+        lora_alpha=128,
+        learning_rate=5e-4,
     ),
 }
 
@@ -386,6 +393,7 @@ def train_warm_start(
         demonstration_pi_episodes=spec.pi_episodes,
         demonstration_mistake_rate=spec.mistake_rate,
         demonstration_wander_rate=spec.wander_rate,
+        demonstration_foreign_pi_share=spec.foreign_pi_share,
         frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
         bf16=bf16,
@@ -403,7 +411,7 @@ def train_warm_start(
         dataset = concatenate_datasets([dataset, guided]).shuffle(seed=spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                              peft_config=_lora_config(spec))
+                              peft_config=_lora_config(spec, model.config.num_hidden_layers))
     trainer.train()
     if spec.relabel_episodes_per_task:
         print(f"taspo_trl: DAgger round: {spec.relabel_episodes_per_task} sampled episodes per game, relabelled by the "
@@ -444,14 +452,21 @@ def _keep_to_rank(model: Any, spec: WarmStart, heal: Any | None, dataset: Any, t
     return trainer.model
 
 
-def _lora_config(spec: WarmStart) -> Any:
-    """PEFT's LoRA settings of a LoRA warm start (every linear layer, no dropout); ``None`` for full fine-tuning."""
+def _lora_config(spec: WarmStart, num_layers: int) -> Any:
+    """PEFT's LoRA settings of a LoRA warm start (every linear layer of the decoder layers above
+    ``spec.frozen_layers``, no dropout); ``None`` for full fine-tuning."""
     if not spec.lora_rank:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
-                      task_type="CAUSAL_LM")
+    if spec.frozen_layers >= num_layers:
+        raise ValueError(f"frozen_layers={spec.frozen_layers} leaves none of the model's {num_layers} layers to adapt.")
+    if not spec.frozen_layers:
+        return LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+                          task_type="CAUSAL_LM")
+    # PEFT takes a layer range only with the modules named; these are every linear layer of a Llama-style block.
+    return LoraConfig(r=spec.lora_rank, lora_alpha=spec.lora_alpha, lora_dropout=0.0, target_modules=list(_BLOCK_LINEARS),
+                      layers_to_transform=list(range(spec.frozen_layers, num_layers)), task_type="CAUSAL_LM")
 
 
 def truncated_update(update: Any, rank: int) -> tuple[Any, Any]:

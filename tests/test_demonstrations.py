@@ -356,3 +356,41 @@ def test_guided_rows_hold_informed_episodes_only(alfworld_specs, embedded_tokeni
     contexts = [r["prompt"][0]["content"] for r in rows if r["prompt"][0]["content"].startswith("[Privileged Guidance]")]
     assert contexts and all("[End Privileged Guidance]\n\nYou are an expert agent" in c for c in contexts)
 
+
+def test_foreign_guidance_rows_keep_the_plain_experts_targets(alfworld_specs, embedded_tokenizer, tmp_path):
+    """demonstration_foreign_pi_share: the plain episodes' rows are those of a run without it, target for target
+    and prompt for prompt, but with another task's P_i in front (one of the informed episodes' contexts, from a
+    task of another family), so that the policy learns to act as if no guidance were there."""
+    from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
+
+    rows = [dict(spec) for spec in alfworld_specs[:3]]
+    settings = dict(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none",
+                    demonstrations_per_task=2, demonstration_pi_episodes=1)
+    own = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(**settings)).to_list()
+    foreign = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstration_foreign_pi_share=1.0)).to_list()
+    assert len(own) == len(foreign)
+    marker = "[End Privileged Guidance]\n\n"
+    informed_contexts = {}
+    for row in own:
+        if marker in row["prompt"][0]["content"]:
+            context, user = row["prompt"][0]["content"].split(marker)
+            informed_contexts[context] = user.split("Your task is: ")[1].split("\n")[0]
+    plain_rows = [i for i, row in enumerate(own) if marker not in row["prompt"][0]["content"]]
+    assert plain_rows and informed_contexts
+    shown = 0
+    for i in plain_rows:
+        assert foreign[i]["completion"] == own[i]["completion"]
+        content = foreign[i]["prompt"][0]["content"]
+        if marker not in content:
+            continue
+        shown += 1
+        context, user = content.split(marker)
+        assert user == own[i]["prompt"][0]["content"]
+        task = user.split("Your task is: ")[1].split("\n")[0]
+        assert context in informed_contexts and informed_contexts[context] != task
+    assert shown == len(plain_rows)  # share 1: every plain row, as every task has another family's context
+    assert [r for r in foreign if r not in [foreign[i] for i in plain_rows]] == [own[i] for i in range(len(own))
+                                                                                  if i not in plain_rows]
+    with pytest.raises(ValueError, match="set demonstration_pi_episodes >= 1"):
+        AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_foreign_pi_share=0.5)

@@ -216,12 +216,12 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir,
     responses only, and train one step."""
     from trl import SFTTrainer
 
-    # The tiny model has 2 layers; one expert episode per game keeps the test short. A LoRA recipe (ALFWorld's,
-    # as the package ships its warm start) already keeps the base fixed.
+    # The tiny model has 2 layers; one expert episode per game keeps the test short.
     data = yaml.safe_load(recipe.read_text())
     argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + [
         "--max_steps", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
-        *([] if data.get("use_peft") else ["--frozen_layers", "1"]),
+        "--demonstration_foreign_pi_share", "0",
+        "--frozen_layers", "1",
     ]
     at = argv.index("--use_vllm")
     del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
@@ -254,6 +254,7 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
     assert "bf16" not in data  # the precision follows the hardware, as the warm start's build does
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
     assert data.get("demonstration_pi_episodes", 0) == spec.pi_episodes
+    assert data.get("demonstration_foreign_pi_share", 0.0) == spec.foreign_pi_share
     quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())
     assert quickstart["model_name_or_path"] == "embedded:smollm2-135m-alfworld"
     assert quickstart["history_window"] == spec.history_window and quickstart["layout"] == spec.layout

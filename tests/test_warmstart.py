@@ -106,7 +106,8 @@ def test_agent_sft_trainer_gives_trls_loss_and_gradients(tiny_model_dir, embedde
 
 def test_frozen_layers_fix_the_bottom_and_leave_the_top_gradients_unchanged(tiny_model_dir, embedded_tokenizer, tmp_path):
     """Freezing the embeddings and the lowest layer must not change any gradient above it (backpropagation only
-    stops earlier), must leave the frozen weights with no gradient, and must be refused together with PEFT."""
+    stops earlier) and must leave the frozen weights with no gradient; with PEFT, the adapter's factors in the frozen
+    layer get none either, and those above do."""
     import torch
     from peft import LoraConfig
 
@@ -134,12 +135,18 @@ def test_frozen_layers_fix_the_bottom_and_leave_the_top_gradients_unchanged(tiny
     for name in upper:
         torch.testing.assert_close(partial[name], full[name], atol=1e-6, rtol=1e-5)
 
-    config = AgentSFTConfig(output_dir=str(tmp_path / "peft"), history_window=1, use_cpu=True, bf16=False,
-                            gradient_checkpointing=False, report_to="none", frozen_layers=1)
-    with pytest.raises(ValueError, match="frozen_layers is for full fine-tuning"):
-        AgentSFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=config,
-                        train_dataset=dataset, processing_class=tokenizer,
-                        peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    config = AgentSFTConfig(output_dir=str(tmp_path / "peft"), history_window=1, per_device_train_batch_size=5,
+                            use_cpu=True, bf16=False, gradient_checkpointing=False, max_length=None,
+                            report_to="none", frozen_layers=1)
+    trainer = AgentSFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=config,
+                              train_dataset=dataset, processing_class=tokenizer,
+                              peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainer.compute_loss(trainer.model, next(iter(trainer.get_train_dataloader()))).backward()
+    factors = {name: p for name, p in trainer.model.named_parameters() if "lora_B" in name}
+    lower = [name for name in factors if ".layers.0." in name]
+    assert lower and len(lower) < len(factors)
+    for name, parameter in factors.items():
+        assert (parameter.grad is None) is (name in lower), name
 
 
 def test_benchmarks_prompt_a_warm_start_with_the_window_it_was_trained_on(tmp_path):

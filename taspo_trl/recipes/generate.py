@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from taspo_trl.warmstart import WARM_STARTS
+from taspo_trl.warmstart import FRESH_GAMES_SEED, WARM_STARTS
 
 ROOT = Path(__file__).resolve().parent
 # The ALFWorld quickstarts start from the warm-started embedded policy: the base model never writes a valid action.
@@ -161,9 +161,10 @@ def method_block(method: str, env: str, cpu: bool, model_key: str = "qwen2.5-3b"
 def quickstart_env_block(env: str) -> list[str]:
     if env == "alfworld":
         return [
-            "# Environment and tasks: one generated game per task family (6 tasks), generated on first use.",
+            "# Environment and tasks: one generated game per task family (6 tasks), generated on first use, from a",
+            "# seed whose games the warm start never saw (it trained on games_seed 0).",
             "environment: alfworld", "games_dir: outputs/alfworld_games/quickstart", "games_per_type: 1",
-            "games_seed: 0", "games_split: train",
+            f"games_seed: {FRESH_GAMES_SEED}", "games_split: train",
             "max_turns: 12  # the expert needs 4-8 turns (Pick2 8-12) when it searches; a sampled policy more",
             "history_window: 1", "max_prompt_tokens: 2048",
         ]
@@ -229,11 +230,12 @@ def sft_quickstart(env: str) -> str:
     if env == "alfworld":
         spec = WARM_STARTS[ALFWORLD_WARM_START]
         tasks = [
-            "# Tasks: the quickstart's generated train games, several expert episodes each.",
+            "# Tasks: generated train games, several expert episodes each (the quickstarts play other seeds).",
             "environment: alfworld", "games_dir: outputs/alfworld_games/sft", f"games_per_type: {spec.games_per_type}",
             f"games_seed: {spec.games_seed}", "games_split: train",
             f"demonstrations_per_task: {spec.demonstrations_per_task}",
             f"demonstration_pi_episodes: {spec.pi_episodes}  # of those, informed ones with TASPO's privileged context",
+            f"demonstration_foreign_pi_share: {spec.foreign_pi_share}  # plain ones shown another task's context",
             f"demonstration_mistake_rate: {spec.mistake_rate}",
         ]
         prompt = [f"layout: {spec.layout}", f"history_window: {spec.history_window}"]
@@ -246,7 +248,8 @@ def sft_quickstart(env: str) -> str:
             "train_sampling_strategy: group_by_length  # the rows with privileged context are longer: less padding",
         ]
         adapter = [
-            "", "# A LoRA adapter on every linear layer, as the package ships it (in float16).",
+            "", "# A LoRA adapter on every linear layer above frozen_layers (the factors below stay at zero), as the",
+            "# package ships it (in float16).",
             "use_peft: true", f"lora_r: {spec.lora_rank}", f"lora_alpha: {spec.lora_alpha}", "lora_dropout: 0.0",
             "lora_target_modules: all-linear",
         ] if spec.lora_rank else []

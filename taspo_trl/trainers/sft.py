@@ -79,11 +79,17 @@ class AgentSFTConfig(SFTConfig):
             siblings won. A small model does not follow guidance it has never seen; these rows teach it to, so
             that TASPO's Eq. 3 shifts rise on the actions $P_i$ names instead of moving with any prefix
             (`benchmarks/pi_specificity.py` measures which). Must be below `demonstrations_per_task`.
+        demonstration_foreign_pi_share (`float`, defaults to `0.0`):
+            Share of the plain (searching) episodes whose every prompt carries the privileged context of another
+            task instead, with the plain expert's responses as targets. Informed rows teach the policy to follow
+            $P_i$; these teach it to ignore guidance that quotes objects and places its task does not have, so that
+            the privileged pass moves the actions its own $P_i$ names and not whatever any $P_i$ names. The other
+            task is of another family where the dataset has one.
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
             makes an SFT step 1.5x faster on a CPU. The format and the moves are learned in the upper layers.
-            Not with PEFT (LoRA already freezes the base model).
+            With PEFT, the adapter's factors in those layers stay fixed at their initial (zero) update.
     """
 
     environment: str = field(default="alfworld", metadata={"help": "Registered environment name."})
@@ -101,6 +107,9 @@ class AgentSFTConfig(SFTConfig):
     )
     demonstration_pi_episodes: int = field(
         default=0, metadata={"help": "Informed expert episodes per task with the privileged context in the prompt."}
+    )
+    demonstration_foreign_pi_share: float = field(
+        default=0.0, metadata={"help": "Share of plain episodes shown another task's privileged context."}
     )
     frozen_layers: int = field(
         default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
@@ -123,6 +132,13 @@ class AgentSFTConfig(SFTConfig):
                 f"{self.demonstrations_per_task} (the privileged context comes from the task's plain episodes), got "
                 f"{self.demonstration_pi_episodes}; raise demonstrations_per_task or lower it."
             )
+        if not 0.0 <= self.demonstration_foreign_pi_share <= 1.0:
+            raise ValueError(
+                f"demonstration_foreign_pi_share must be in [0, 1], got {self.demonstration_foreign_pi_share}."
+            )
+        if self.demonstration_foreign_pi_share and not self.demonstration_pi_episodes:
+            raise ValueError("demonstration_foreign_pi_share shows plain episodes the privileged context of another "
+                             "task, which informed episodes provide: set demonstration_pi_episodes >= 1.")
         if self.frozen_layers < 0:
             raise ValueError(f"frozen_layers must be at least 0, got {self.frozen_layers}.")
         if self.layout not in LAYOUTS:
@@ -139,9 +155,12 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
     play = _expert_player(tokenizer, config)
     plain_per_task = config.demonstrations_per_task - config.demonstration_pi_episodes
     plain = play([spec for spec in specs for _ in range(plain_per_task)], seed=config.demonstration_seed)
-    datasets = [demonstration_dataset(plain, config.layout)]
-    if config.demonstration_pi_episodes:
-        datasets.append(_informed_dataset(specs, config.demonstration_pi_episodes, plain, tokenizer, config))
+    if not config.demonstration_pi_episodes:
+        return demonstration_dataset(plain, config.layout).select_columns(["prompt", "completion"])
+    informed, contexts = _informed_episodes(specs, config.demonstration_pi_episodes, plain, tokenizer, config)
+    foreign = foreign_guidance(plain, informed, contexts, config.demonstration_foreign_pi_share,
+                               seed=config.demonstration_seed + 3)
+    datasets = [_guided_rows(plain, foreign, config.layout), _guided_rows(informed, contexts, config.layout)]
     return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
 
 
@@ -156,7 +175,8 @@ def guided_sft_dataset(
     specs = [task_spec_from_row(row) for row in rows]
     play = _expert_player(tokenizer, config)
     siblings = play([spec for spec in specs for _ in range(sibling_episodes)], seed=config.demonstration_seed + 2)
-    return _informed_dataset(specs, episodes_per_task, siblings, tokenizer, config).select_columns(["prompt", "completion"])
+    informed, contexts = _informed_episodes(specs, episodes_per_task, siblings, tokenizer, config)
+    return _guided_rows(informed, contexts, config.layout).select_columns(["prompt", "completion"])
 
 
 def _expert_player(tokenizer: Any, config: AgentSFTConfig) -> Any:
@@ -174,23 +194,49 @@ def _expert_player(tokenizer: Any, config: AgentSFTConfig) -> Any:
     )
 
 
-def _informed_dataset(
+def _informed_episodes(
     specs: list[dict[str, Any]], episodes_per_task: int, siblings: Sequence[Demonstration], tokenizer: Any,
     config: AgentSFTConfig,
-) -> Any:
-    """Informed expert episodes of ``specs`` as rows whose prompts carry the P_i of ``sibling_contexts``."""
-    from datasets import Dataset
-
+) -> tuple[list[Demonstration], list[str]]:
+    """Informed expert episodes of ``specs`` and the P_i each gets from the ``siblings`` of its task."""
     informed = _expert_player(tokenizer, config)(
         [spec for spec in specs for _ in range(episodes_per_task)], seed=config.demonstration_seed + 1, informed=True,
     )
-    guided = []
-    for demonstration, context in zip(informed, sibling_contexts(informed, siblings, tokenizer), strict=True):
-        for row in demonstration_dataset([demonstration], config.layout).to_list():
+    return informed, sibling_contexts(informed, siblings, tokenizer)
+
+
+def _guided_rows(demonstrations: Sequence[Demonstration], contexts: Sequence[str], layout: str) -> Any:
+    """The rows of ``demonstrations``, each episode's prompts with its context in front (none where it is "")."""
+    from datasets import Dataset
+
+    rows = []
+    for demonstration, context in zip(demonstrations, contexts, strict=True):
+        for row in demonstration_dataset([demonstration], layout).to_list():
             if context:  # P_i goes in front of the first user message, as privileged_prompt_ids puts it
                 row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
-            guided.append(row)
-    return Dataset.from_list(guided)
+            rows.append(row)
+    return Dataset.from_list(rows)
+
+
+def foreign_guidance(
+    targets: Sequence[Demonstration], sources: Sequence[Demonstration], contexts: Sequence[str], share: float,
+    seed: int,
+) -> list[str]:
+    """For a ``share`` of ``targets`` (drawn with ``seed``), a non-empty context of ``contexts`` (those of
+    ``sources``) from another task, of another family where one exists; "" for the other targets."""
+    import random
+
+    rng = random.Random(seed)
+    pool = [(encode_task_prompt(s.trajectory.task_spec), s.trajectory.task_type, c)
+            for s, c in zip(sources, contexts, strict=True) if c]
+    chosen = []
+    for target in targets:
+        task, family = encode_task_prompt(target.trajectory.task_spec), target.trajectory.task_type
+        other_tasks = [c for t, _, c in pool if t != task]
+        other_families = [c for t, f, c in pool if t != task and f != family]
+        candidates = other_families or other_tasks
+        chosen.append(rng.choice(candidates) if candidates and rng.random() < share else "")
+    return chosen
 
 
 def sibling_contexts(targets: Sequence[Demonstration], siblings: Sequence[Demonstration], tokenizer: Any) -> list[str]:
@@ -252,7 +298,7 @@ def _score_labelled_positions_only() -> Iterator[None]:
 def freeze_lower_layers(model: Any, count: int) -> None:
     """Fix the token embeddings and the ``count`` lowest decoder layers of a causal LM, so that the backward pass
     stops above them. The embeddings are tied to the LM head in small models, which then stays fixed too."""
-    layers = model.get_decoder().layers
+    layers = model.get_decoder().layers  # a PEFT model's too: its adapter's factors in them are frozen with them
     if count > len(layers):
         raise ValueError(f"frozen_layers={count}, but the model has only {len(layers)} decoder layers.")
     model.get_input_embeddings().requires_grad_(False)
@@ -270,9 +316,6 @@ class AgentSFTTrainer(SFTTrainer):
         super().__init__(*args, **kwargs)
         frozen = getattr(self.args, "frozen_layers", 0)
         if frozen:
-            if hasattr(self.model, "peft_config"):
-                raise ValueError("frozen_layers is for full fine-tuning; with PEFT the base model is already fixed. "
-                                 "Set frozen_layers: 0 or drop use_peft.")
             freeze_lower_layers(self.model, frozen)
 
     def compute_loss(self, *args: Any, **kwargs: Any) -> Any:
