@@ -28,6 +28,12 @@ word then comes right after the name it depends on, as a yes/no answer. Opening 
 cd ..." / "No cd ...", "Holding ..." / "Here is the garbagecan ...") made the 135M policy answer whether anything
 at all was in view, not whether the wanted kind was (``benchmarks/arrival_judgement.py``), and put objects down
 where it had just picked them up.
+
+A thought never names the place a search goes next or where the lamp stands: the command alone picks it. TASPO
+measures the privileged context's effect on the action's tokens only (Eq. 3), so a decision the thought already
+made reaches the action as a copy, certain with or without the context, and the policy's credit weights come
+out flat (``taspo/weight_std`` near 0 on the 240-game warm start whose thoughts named the place). The places the
+task names (the target, the sink, microwave or fridge) stay in the thoughts: no context changes them.
 """
 
 from __future__ import annotations
@@ -135,7 +141,7 @@ class ALFWorldExpert:
         need = rng.choice((f"Light is needed for the {thing}.", f"Light is needed to see the {thing}."))
         if self.at != recep:
             return self._go(recep, f"{need} Is the {_kind(lamp)} here? " + rng.choice((
-                f"No; I go to the {recep}.", f"No; it stands at the {recep}.",
+                "No; I go where it stands.", "No; it stands somewhere else.",
             )))
         return f"{need} Is the {_kind(lamp)} here? " + rng.choice((
             "Yes, so I switch it on.", f"Yes: I turn the {lamp} on.",
@@ -175,19 +181,19 @@ class ALFWorldExpert:
         recep = self.queue[0]
         if missed is not None:
             thought = rng.choice((
-                f"Is a {obj} here? No, so I will try the {recep} next.",
-                f"Is a {obj} here? No; the {recep} might have one.",
+                f"Is a {obj} here? No, so I will try another place.",
+                f"Is a {obj} here? No; somewhere else might have one.",
             ))
         elif self.placed:
             thought = rng.choice((
-                f"Another {obj} is needed: one is in place, and the {recep} may have a second.",
-                f"Another {obj} is still missing; I will look for it at the {recep}.",
+                f"Another {obj} is needed: one is in place, and another place may have a second.",
+                f"Another {obj} is still missing; I will look for it elsewhere.",
             ))
         else:
             thought = rng.choice((
-                f"Looking for a {obj} first; the {recep} is a likely place.",
-                f"Looking for a {obj}, I will check the {recep}.",
-                f"Looking for the {obj} the task needs; the {recep} may hold one.",
+                f"Looking for a {obj} first; I go to a likely place.",
+                f"Looking for a {obj}, I will check where one may be.",
+                f"Looking for the {obj} the task needs; I go where it may be.",
             ))
         return self._go(recep, thought)
 
