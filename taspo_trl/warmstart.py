@@ -1,12 +1,13 @@
 """Warm-started embedded policies: the embedded model after a short SFT pass on expert demonstrations.
 
-``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct fine-tuned (with TRL's ``SFTTrainer``; the upper
-15 of its 30 layers) on the planner walkthroughs of generated ALFWorld train games, rendered in the quickstart
-recipes' prompts (``turn`` layout, history window 1), with each linear layer's update then kept to rank 64 (its
-truncated SVD) and trained two more epochs as a rank-64 LoRA adapter. The base model never writes a valid action;
-the warm-started one does, and wins some games, so RL groups hold both successes and failures.
+``embedded:smollm2-135m-alfworld`` names SmolLM2-135M-Instruct with a rank-64 LoRA adapter on the upper 15 of its
+30 layers, trained with TRL's ``SFTTrainer`` on the expert's episodes of 240 generated ALFWorld train games, rendered
+in the quickstart recipes' prompts (``turn`` layout, history window 1): per game a searching episode and an informed
+one with TASPO's privileged context in front of every prompt, half the searching episodes shown another task's
+context to ignore. The base model never writes a valid action; the warm-started one does, and wins some games, so
+RL groups hold both successes and failures.
 
-The package ships that update as a LoRA adapter (``data/warm_starts/``, float16 factors and the trained norms,
+The package ships the adapter (``data/warm_starts/``, float16 factors and the trained norms,
 with a ``warm_start.json`` fingerprint of the settings and the code that produces its data;
 ``benchmarks/build_warm_start.py`` rebuilds it). First use merges it into the base model in the model cache
 (``$TASPO_TRL_CACHE/models``), in seconds. Where the shipped fingerprint does not match (changed settings or data
@@ -280,8 +281,8 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object], 
     """Train into a temporary sibling directory, then swap it into place with renames."""
     print(
         f"taspo_trl: building the warm-started policy {name} in {target} (one-time: SFT of {spec.base_model} on "
-        f"expert demonstrations in {precision.description}; about 35 minutes on a 2-core CPU in float32, "
-        "less with bfloat16 instructions)",
+        f"expert demonstrations in {precision.description}; on a 2-core CPU about two hours with bfloat16 "
+        "instructions, longer in float32)",
         file=sys.stderr,
         flush=True,
     )
