@@ -92,7 +92,7 @@ def build_trainer(
     config_class = _method_config_class(method)
     if config_class is BaselineConfig and "--baseline" not in argv:
         argv = [*argv, "--baseline", method]
-    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig))
+    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False)
     check_setting_names(parser, argv)
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     import_env_module(script_args.env_module, "taspo-train")

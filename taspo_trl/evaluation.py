@@ -467,7 +467,7 @@ def _parse_eval_args(argv: list[str]) -> tuple[EvalArguments, Any]:
     from .script_args import AgentScriptArguments, check_setting_names, import_env_module, resolve_config_argv
 
     argv = resolve_config_argv(argv, "taspo-eval")
-    parser = TrlParser((AgentScriptArguments, EvalArguments))
+    parser = TrlParser((AgentScriptArguments, EvalArguments), allow_abbrev=False)
     check_setting_names(parser, argv, check_recipe=False)  # a training recipe's other keys are ignored here
     script_args, args, _ignored_recipe_keys, unknown = parser.parse_args_and_config(
         args=argv, return_remaining_strings=True, separate_remaining_strings=True

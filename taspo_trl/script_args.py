@@ -103,7 +103,8 @@ def _check_recipe_shape(path: Path, program: str) -> None:
 def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True) -> None:
     """Refuse a ``--flag`` (and, with ``check_recipe``, a key of the ``--config`` recipe) that names no field of
     ``parser``'s dataclasses, suggesting the closest real one: TRL's own message lists the unknown names and
-    suggests nothing. A flag that abbreviates exactly one field passes, as argparse accepts it.
+    suggests nothing. Only whole names pass: ``--max_step 1`` is refused (did you mean --max_steps?) rather than
+    taken as an abbreviation, as argparse would (the parsers are built with ``allow_abbrev=False`` too).
 
     Raises:
         ValueError: naming the unknown setting, where it came from, and the closest field.
@@ -118,7 +119,7 @@ def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True)
                 raise ValueError(f"--config {path}: unknown setting {key!r}{_closest(str(key), fields)}")
     for token in argv:
         flag = token.split("=", 1)[0]
-        if not flag.startswith("--") or flag == "--config" or any(option.startswith(flag) for option in flags):
+        if not flag.startswith("--") or flag == "--config" or flag in flags:
             continue
         raise ValueError(f"unknown flag {flag}{_closest(flag[2:], fields, prefix='--')}")
 

@@ -204,6 +204,8 @@ def test_an_unknown_recipe_key_suggests_the_closest_field(tmp_path, tiny_model_d
 @pytest.mark.parametrize(("module", "program", "typo", "field"), [
     ("taspo_trl.cli", "taspo-train", "--gradient_acumulation_steps", "gradient_accumulation_steps"),
     ("taspo_trl.evaluation", "taspo-eval", "--max_turnz", "max_turns"),
+    # An abbreviation is a typo too: argparse would have taken it as --max_steps and trained a real step.
+    ("taspo_trl.cli", "taspo-train", "--max_step", "max_steps"),
 ])
 def test_an_unknown_flag_suggests_the_closest_field(tmp_path, module, program, typo, field):
     done = _run(module, "--config", "alfworld_grpo_cpu", typo, "4", cwd=tmp_path)
