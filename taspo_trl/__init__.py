@@ -18,6 +18,8 @@ _EXPORTS = {
     "AlignOPSDConfig": "taspo_trl.trainers.alignopsd",
     "AlignOPSDTrainer": "taspo_trl.trainers.alignopsd",
     "TASPOTrainer": "taspo_trl.trainers.taspo",
+    "BaselineConfig": "taspo_trl.trainers.baselines",
+    "BaselineTrainer": "taspo_trl.trainers.baselines",
     "encode_task_prompt": "taspo_trl.envs.base",
     "as_trl_environment": "taspo_trl.envs.trl_style",
     "make_rollout_func": "taspo_trl.rollout.trl_rollout",

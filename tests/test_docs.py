@@ -101,3 +101,14 @@ def test_config_fields_cited_in_the_methods_page_exist():
     assert len(cited) >= 5
     missing = [f"{cls}.{name}" for cls, name in cited if name not in {f.name for f in fields(classes[cls])}]
     assert not missing, missing
+
+
+def test_every_trainer_and_config_the_readme_names_imports_from_the_package():
+    """The README's `XTrainer` / `XConfig` names are the package's public API: `from taspo_trl import X` works."""
+    import taspo_trl
+
+    named = set(re.findall(r"`(\w+(?:Trainer|Config))\b", (ROOT / "README.md").read_text(encoding="utf-8")))
+    ours = {name for name in named if not name.startswith(("GRPO", "SFT")) or name in taspo_trl.__all__}
+    assert {"TASPOTrainer", "AlignOPSDTrainer", "BaselineTrainer", "BaselineConfig"} <= ours
+    missing = sorted(name for name in ours if not hasattr(taspo_trl, name))
+    assert not missing, f"named in the README but not exported from taspo_trl: {missing}"
