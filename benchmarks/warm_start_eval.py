@@ -12,7 +12,8 @@ trained with, read from its ``warm_start.json``, else 1, or ``--history-window``
    games no warm start trained on; 4 per family) with K siblings per game, as an RL step samples them: in how many
    groups at least one sibling wins (what TASPO needs to have something to learn from) and how many are mixed.
 
-Prints a markdown table per measurement and writes everything as JSON.
+Prints a markdown table per measurement and writes everything as JSON, with the run's provenance (the results page
+renders it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows
 from taspo_trl.models import load_model_and_tokenizer
+from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
 
@@ -75,7 +77,9 @@ def group_stats(trajectories: list[Any], group_size: int) -> dict[str, Any]:
     }
 
 
-def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace) -> dict[str, Any]:
+def evaluate_model(
+    model_name: str, label: str, unseen_rows: list[dict], train_rows: list[dict], args: argparse.Namespace
+) -> dict[str, Any]:
     model_dir = resolve_policy_path(model_name, bf16=args.bf16)
     model, tokenizer = load_model_and_tokenizer(model_dir)
     window = args.history_window or trained_history_window(model_dir)
@@ -89,11 +93,12 @@ def evaluate_model(model_name: str, unseen_rows: list[dict], train_rows: list[di
                             bf16=args.bf16)
     siblings = [row for row in train_rows for _ in range(args.siblings)]
     train = group_stats(evaluate_rows(siblings, model, tokenizer, sampled, env_factory), args.siblings)
-    return {"model": model_name, "history_window": window, "bf16": greedy.bf16, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
+    return {"model": label, "history_window": window, "bf16": greedy.bf16, "eval_unseen_greedy": unseen, "train_siblings_t1": train,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
 def render(results: list[dict[str, Any]]) -> str:
+    """Markdown tables of the per-model results of one or more runs: greedy on unseen games, sampled on fresh ones."""
     families = sorted({f for r in results for f in r["eval_unseen_greedy"]["success_per_family"]})
     short = [TASK_SHORT_NAMES.get(f, f) for f in families]
     lines = [
@@ -122,6 +127,8 @@ def render(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["embedded", "embedded:smollm2-135m-alfworld"])
+    parser.add_argument("--labels", nargs="+", default=None,
+                        help="a name per model for the tables and the JSON (default: the model names)")
     parser.add_argument("--games-per-type", type=int, default=10, help="eval_unseen games per family")
     parser.add_argument("--train-games-per-type", type=int, default=4, help="fresh train games per family")
     parser.add_argument("--train-games-seed", type=int, default=FRESH_GAMES_SEED,
@@ -139,16 +146,24 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--games-dir", default=None, help="where to generate the games (default: a temp folder)")
     parser.add_argument("--out", default="outputs/warm_start_eval.json")
     args = parser.parse_args(argv)
+    labels = args.labels or args.models
+    if len(labels) != len(args.models):
+        parser.error(f"--labels names {len(labels)} models but --models lists {len(args.models)}; give one label each")
+    commit = source_commit(__file__)  # the code that plays the games, whatever HEAD is at the end
 
     root = Path(args.games_dir or tempfile.mkdtemp(prefix="warm_start_eval-"))
     unseen_rows = task_spec_rows(generate_games(root / "eval_unseen", args.games_per_type, 0, "eval_unseen"))
     train_rows = task_spec_rows(generate_games(root / "train", args.train_games_per_type, args.train_games_seed, "train"))
-    results = [evaluate_model(name, unseen_rows, train_rows, args) for name in args.models]
+    models = [evaluate_model(name, label, unseen_rows, train_rows, args) for name, label in zip(args.models, labels)]
+    settings = {key: getattr(args, key) for key in (
+        "games_per_type", "train_games_per_type", "train_games_seed", "eval_turns", "train_turns", "siblings",
+        "max_completion_length", "seed")}
+    result = {"settings": settings, "models": models, "provenance": provenance(argv, __file__, commit=commit)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
-    print(render(results), flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(render(models), flush=True)
     print(f"wrote {args.out}", flush=True)
-    return results
+    return result
 
 
 if __name__ == "__main__":

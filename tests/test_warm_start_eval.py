@@ -32,7 +32,10 @@ def test_main_plays_unseen_and_fresh_train_games(warm_start_eval, tiny_model_dir
         "--games-dir", str(tmp_path / "games"), "--out", str(out),
     ])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
-    unseen, train = results[0]["eval_unseen_greedy"], results[0]["train_siblings_t1"]
+    assert results["provenance"]["command"].startswith("python benchmarks/warm_start_eval.py --models")
+    assert results["settings"]["train_games_seed"] == FRESH_GAMES_SEED
+    assert [model["model"] for model in results["models"]] == [tiny_model_dir]
+    unseen, train = results["models"][0]["eval_unseen_greedy"], results["models"][0]["train_siblings_t1"]
     assert unseen["episodes"] == 6 and sum(unseen["wins_per_family"].values()) == unseen["wins"]
     assert len(unseen["success_per_family"]) == 6
     assert train["episodes"] == 12 and train["groups"] == 6 and len(train["wins_per_group"]) == 6
@@ -40,3 +43,9 @@ def test_main_plays_unseen_and_fresh_train_games(warm_start_eval, tiny_model_dir
     assert 0.0 <= low <= train["success"] <= high <= 1.0
     # The fresh train games come from the quickstarts' seed, which no warm start trained on.
     assert {path.name.split("_")[1] for path in (tmp_path / "games" / "train").rglob("trial_*")} == {f"s{FRESH_GAMES_SEED}"}
+
+
+def test_a_label_per_model_or_a_clear_error(warm_start_eval, capsys):
+    with pytest.raises(SystemExit):
+        warm_start_eval.main(["--models", "a", "b", "--labels", "only-one"])
+    assert "give one label each" in capsys.readouterr().err
