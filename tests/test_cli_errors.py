@@ -237,3 +237,19 @@ def test_eval_use_vllm_with_a_gpu_but_no_vllm_names_the_extra(tiny_model_dir, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the guard's branch for a GPU machine
     with pytest.raises(ImportError, match=r"taspo-trl\[vllm\]"):
         build_generator(model, tokenizer, EvalArguments(use_vllm=True))
+
+
+def test_a_script_without_a_main_guard_is_told_so_when_its_worker_dies(tmp_path):
+    """A spawned worker imports the main script; without ``if __name__ == "__main__":`` it re-runs the pool's
+    construction and dies during start-up. The error says so (exit code, the guard), instead of a start-up timeout."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from taspo_trl.envs import get_env_factory\n"
+        "from taspo_trl.rollout.env_pool import EnvPool\n"
+        "EnvPool(get_env_factory('alfworld'), num_workers=1).shutdown()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode != 0
+    assert "exited during start-up" in done.stderr and 'if __name__ == "__main__":' in done.stderr, done.stderr[-2000:]
+    assert "did not start within" not in done.stderr

@@ -209,8 +209,19 @@ class EnvPool:
     def _await_ready(self, w: int) -> None:
         """Waits out a worker's start-up (spawning and imports), which the per-call deadline does not cover."""
         conn, process = self._workers[w]
-        if wait([conn], timeout=_START_TIMEOUT) and self._receive(w) == "ready":
+        answered = wait([conn], timeout=_START_TIMEOUT)
+        reply = self._receive(w) if answered else None
+        if reply == "ready":
             return
+        if isinstance(reply, _WorkerLost):  # it died: the commonest cause is a script without a __main__ guard
+            process.join(timeout=5)
+            raise RuntimeError(
+                f"environment worker {w} exited during start-up (exit code {process.exitcode}) before it was ready. "
+                "Workers are spawned processes that import the main script: a script that trains with env_workers > "
+                "0 must run its training under `if __name__ == \"__main__\":`, and the environment factory must be a "
+                "module-level function whose module imports cleanly in a fresh process (the worker's error is "
+                "printed above)."
+            )
         process.kill()
         raise RuntimeError(
             f"environment worker {w} did not start within {_START_TIMEOUT} s: check that the environment factory "

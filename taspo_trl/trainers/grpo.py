@@ -99,7 +99,9 @@ class AgentGRPOConfig(GRPOConfig):
             A trajectory whose next prompt would be longer ends there, marked truncated (Table C.2: 2,048 for
             ALFWorld, 4,096 for WebShop and Search-QA).
         env_workers (`int`, defaults to `0`):
-            Worker processes stepping environments; 0 runs them in the training process.
+            Worker processes stepping environments; 0 runs them in the training process. Workers are spawned
+            and import the main script, so a script that trains with workers runs its training under
+            `if __name__ == "__main__":` (without it, the first worker dies during start-up and the error says so).
         env_step_timeout (`float`, defaults to `300.0`):
             Seconds an environment worker may take to reset or step its episodes of one turn. A worker past it,
             or one that died, is killed and replaced; its episodes end with an environment error. With
