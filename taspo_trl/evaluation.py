@@ -368,8 +368,8 @@ def evaluate_rows(
                 template=template,
                 max_turns=args.max_turns,
                 max_prompt_tokens=args.max_prompt_tokens,
-                on_turn=lambda turn, live, began=began, first=start: print(
-                    f"[taspo-eval] episodes from {first + 1}: turn {turn} played, {live} still playing "
+                on_turn=lambda turn, live: print(  # called within this batch only, so start and began are its own
+                    f"[taspo-eval] episodes from {start + 1}: turn {turn} played, {live} still playing "
                     f"({time.perf_counter() - began:.0f}s)", flush=True),
             )
             done = trajectories[-len(batch) :]

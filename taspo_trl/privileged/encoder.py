@@ -301,11 +301,11 @@ class LastTokenEncoder:
 
             with _offline():
                 tokenizer = AutoTokenizer.from_pretrained(str(self.model_path), local_files_only=True)
+                with _loaded_whole():
+                    model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
             tokenizer.padding_side, tokenizer.truncation_side = "left", "right"
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
-            with _offline(), _loaded_whole():
-                model = AutoModel.from_pretrained(str(self.model_path), local_files_only=True).to(self.device).eval()
             for parameter in model.parameters():
                 parameter.requires_grad_(False)
             self._loaded = (tokenizer, model)
