@@ -8,7 +8,10 @@ into an ordinary Hugging Face model directory in a cache; every later use just r
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -90,9 +93,17 @@ def discard_cache_entry(target: Path) -> None:
     shutil.rmtree(stale, ignore_errors=True)
 
 
+def is_adapter_folder(name_or_path: str) -> bool:
+    """Whether ``name_or_path`` is a PEFT adapter folder (``adapter_config.json`` and no ``config.json``), as a
+    LoRA run's ``save_model`` writes it."""
+    path = Path(name_or_path.strip()).expanduser()
+    return (path / "adapter_config.json").is_file() and not (path / "config.json").is_file()
+
+
 def check_model_reference(name_or_path: str) -> None:
     """Fail fast, in one line, on a model reference that can't load: a path (absolute, ``./``, ``~``, or with more
-    than one ``/``) that does not exist, or a folder without ``config.json``. Hub ids and the embedded and
+    than one ``/``) that does not exist, or a folder with neither ``config.json`` nor ``adapter_config.json``.
+    An adapter folder is checked as its weights and its base model reference. Hub ids and the embedded and
     warm-start names pass; loading them reports its own problems.
 
     Raises:
@@ -105,10 +116,14 @@ def check_model_reference(name_or_path: str) -> None:
         return
     path = Path(name).expanduser()
     if path.is_dir():
+        if is_adapter_folder(name):
+            _check_adapter_folder(name, path)
+            return
         if not (path / "config.json").is_file():
             raise FileNotFoundError(
-                f"model {name!r} is a folder without config.json; give a folder saved with save_pretrained "
-                "(a trainer's output_dir or checkpoint-N), a Hugging Face model id, or embedded:smollm2-135m-instruct"
+                f"model {name!r} is a folder with neither config.json nor adapter_config.json; give a folder saved "
+                "with save_pretrained (a trainer's output_dir or checkpoint-N, LoRA adapters included), a Hugging "
+                "Face model id, or embedded:smollm2-135m-instruct"
             )
         if problem := structural_problem(path):  # the header only: a cut-off file fails here, not deep in the load
             raise OSError(f"model {name!r}: {problem}; save it again with save_pretrained (or copy it again), or "
@@ -121,6 +136,21 @@ def check_model_reference(name_or_path: str) -> None:
             f"model {name!r}: no such folder; give a local model folder (with config.json), a Hugging Face model "
             "id such as HuggingFaceTB/SmolLM2-135M-Instruct, or embedded:smollm2-135m-instruct"
         )
+
+
+def _check_adapter_folder(name: str, path: Path) -> None:
+    """An adapter folder loads where its weights' headers are whole, its JSON parses and its base model loads."""
+    if problem := structural_problem(path):
+        raise OSError(f"model {name!r}: {problem}; save it again with save_pretrained (or copy it again), or "
+                      "give another checkpoint")
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"model {name!r} is a LoRA adapter without base_model_name_or_path in its "
+                                "adapter_config.json; set it to the model the adapter was trained on")
+    try:
+        check_model_reference(base)
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"model {name!r} is a LoRA adapter whose base model does not load: {error}") from None
 
 
 def _find_gguf_file() -> Path:
@@ -281,21 +311,64 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer (the embedded name is resolved first), ready for generation.
 
-    A PEFT adapter folder (``adapter_config.json``, as a LoRA run saves) loads its base model with the adapter
-    merged in.
+    A PEFT adapter folder (``adapter_config.json``, as a LoRA run saves) loads as its base model with the adapter
+    merged in (``merged_adapter_model``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_model_path(name_or_path)
+    path = merged_adapter_model(name_or_path) if is_adapter_folder(name_or_path) else resolve_model_path(name_or_path)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    if (Path(path) / "adapter_config.json").is_file():  # a LoRA checkpoint: its base model plus the adapter, merged
-        from peft import AutoPeftModelForCausalLM
-
-        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype).merge_and_unload().to(device)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def merge_adapter(base_model: str, adapter_dir: Path, out_dir: Path) -> None:
+    """Save ``base_model`` (float32; the embedded name, a local folder or a Hub id) with the LoRA adapter of
+    ``adapter_dir`` merged in, and the tokenizer (the adapter folder's where it holds one, as a trainer's
+    ``save_model`` writes it, else the base model's), to ``out_dir``: an ordinary model folder that every trainer
+    and sampler loads."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = resolve_model_path(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged.save_pretrained(out_dir)
+    tokenizer_source = adapter_dir if (Path(adapter_dir) / "tokenizer_config.json").is_file() else base
+    prepare_tokenizer(AutoTokenizer.from_pretrained(tokenizer_source)).save_pretrained(out_dir)  # left padding
+
+
+def merged_adapter_model(adapter_dir: str) -> str:
+    """The model folder of a LoRA adapter folder (a LoRA run's output or checkpoint) merged into its base model, so
+    that it evaluates, samples and trains further as an ordinary model: made once in the model cache
+    (``$TASPO_TRL_CACHE/models/adapters``, named by the adapter's folder and a hash of its files and base), and
+    made again when any of those change."""
+    source = Path(adapter_dir.strip()).expanduser().resolve()
+    base = json.loads((source / "adapter_config.json").read_text())["base_model_name_or_path"]
+    digest = hashlib.sha256(base.encode())
+    for path in sorted(source.glob("adapter_*")):
+        digest.update(path.name.encode() + path.read_bytes())
+    target = cache_root() / "models" / "adapters" / f"{source.name}-{digest.hexdigest()[:12]}"
+    if (target / "config.json").is_file() and adopt_or_check(target) is None:
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of one launch: one merges, the others wait and reuse it
+        if (target / "config.json").is_file() and adopt_or_check(target) is None:
+            return str(target)
+        print(f"taspo_trl: merging the LoRA adapter {source} into its base model {base} (once, in {target})",
+              file=sys.stderr, flush=True)
+        work = owned_temporary_dir(target)
+        try:
+            merge_adapter(base, source, work / "model")
+            write_manifest(work / "model")
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(work / "model", target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return str(target)

@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from .cache_manifest import adopt_or_check, write_manifest
-from .models import EMBEDDED_MODEL, cache_root, owned_temporary_dir, resolve_model_path
+from .models import (
+    EMBEDDED_MODEL,
+    cache_root,
+    is_adapter_folder,
+    merge_adapter,
+    merged_adapter_model,
+    owned_temporary_dir,
+    resolve_model_path,
+)
 from .precision import Precision, choose_precision
 
 _FINGERPRINT_FILE = "warm_start.json"
@@ -225,8 +233,13 @@ def trained_history_window(model_dir: str) -> int:
 def resolve_policy_path(name_or_path: str, bf16: bool | None = None) -> str:
     """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (installed from
     the package, or built, when missing or out of date; ``bf16`` is the build's precision, ``None``: the
-    hardware's). The CLI, ``taspo-eval`` and the benchmarks resolve policy names through it."""
-    return resolve_warm_start(name_or_path, bf16) if is_warm_start(name_or_path) else resolve_model_path(name_or_path)
+    hardware's) and for LoRA adapter folders (``taspo_trl.models.merged_adapter_model``). The CLI, ``taspo-eval``, the agent
+    trainers and the benchmarks resolve policy names through it."""
+    if is_warm_start(name_or_path):
+        return resolve_warm_start(name_or_path, bf16)
+    if is_adapter_folder(name_or_path):
+        return merged_adapter_model(name_or_path)
+    return resolve_model_path(name_or_path)
 
 
 def resolve_warm_start(name: str, bf16: bool | None = None) -> str:
@@ -328,22 +341,6 @@ def save_adapter(model: Any, base_model: str, adapter_dir: Path) -> None:
     config = model.peft_config["default"]
     config.base_model_name_or_path = base_model
     config.save_pretrained(str(adapter_dir))
-
-
-def merge_adapter(base_model: str, adapter_dir: Path, out_dir: Path) -> None:
-    """Save ``base_model`` (float32) with the LoRA adapter of ``adapter_dir`` merged in, and its tokenizer, to
-    ``out_dir``: an ordinary model folder that every trainer and sampler loads."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .models import prepare_tokenizer
-
-    base = resolve_model_path(base_model)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    merged.save_pretrained(out_dir)
-    prepare_tokenizer(AutoTokenizer.from_pretrained(base)).save_pretrained(out_dir)  # left padding, for sampling
 
 
 def train_warm_start(

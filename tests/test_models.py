@@ -250,7 +250,7 @@ def test_model_references_that_cannot_load_fail_in_one_line(tmp_path: Path) -> N
         "./outputs/run1": "no such folder",
         "~/models/not-there": "no such folder",
         "outputs/run1/checkpoint-2": "no such folder",
-        str(tmp_path): "folder without config.json",
+        str(tmp_path): "neither config.json nor adapter_config.json",
         str(weights): "is a file",
     }
     for reference, problem in cases.items():
@@ -258,3 +258,36 @@ def test_model_references_that_cannot_load_fail_in_one_line(tmp_path: Path) -> N
             check_model_reference(reference)
         message = str(info.value)
         assert problem in message and reference in message and "\n" not in message
+
+
+def test_adapter_folders_are_checked_through_their_base_model(tmp_path: Path) -> None:
+    """A LoRA output (adapter_config.json, no config.json) is a model reference; one whose base model is gone, or
+    that names none, fails in one line that says so."""
+    import json
+
+    from taspo_trl.models import check_model_reference
+
+    def adapter(name: str, config: dict) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        return str(folder)
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    check_model_reference(adapter("fine", {"base_model_name_or_path": str(base)}))
+    check_model_reference(adapter("on_embedded", {"base_model_name_or_path": "embedded:smollm2-135m-instruct"}))
+    cases = {
+        adapter("moved", {"base_model_name_or_path": str(tmp_path / "gone")}): "whose base model does not load",
+        adapter("nameless", {"r": 4}): "without base_model_name_or_path",
+    }
+    for reference, problem in cases.items():
+        with pytest.raises(FileNotFoundError) as info:
+            check_model_reference(reference)
+        assert problem in str(info.value) and reference in str(info.value) and "\n" not in str(info.value)
+    broken = adapter("broken", {})
+    (Path(broken) / "adapter_config.json").write_text('{"base_model_name_or_path": ')
+    with pytest.raises(OSError, match="not valid JSON"):
+        check_model_reference(broken)
+

@@ -170,3 +170,51 @@ def test_each_run_gets_its_own_turns_log_and_earlier_ones_are_kept(tmp_path):
     assert (out / "turns.1.jsonl").read_text() == '{"run": 1}\n'
     assert (out / "turns.2.jsonl").read_text() == '{"run": 2}\n{"run": 2, "resumed": true}\n'
     assert not (out / "turns.jsonl").exists()  # the third run has not written yet
+
+
+def test_a_lora_output_loads_evaluates_and_trains_further(tmp_path, tiny_model_dir, monkeypatch):
+    """A LoRA run's saved output is an adapter folder (no config.json). Every model path takes it: the reference
+    check passes, the loader gives the policy the trained adapter computes (PEFT's own unmerged forward pass is the
+    expectation), and a new trainer starts from that policy."""
+    from peft import LoraConfig
+
+    from taspo_trl.models import check_model_reference, is_adapter_folder, load_model_and_tokenizer
+
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
+    trainer = AgentGRPOTrainer(
+        model=tiny_model_dir, args=_config(tmp_path, "turn", beta=0.01), train_dataset=_dataset(1),
+        env_factory=locker_factory, peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, LOCKER_PLANS)
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    try:
+        trainer.train()
+        with torch.no_grad():  # one step at 1e-4 barely moves B; a larger update shows whether the merge keeps it
+            generator_seed = torch.Generator().manual_seed(0)
+            for name, parameter in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator_seed))
+        saved = tmp_path / "lora_output"
+        trainer.save_model(str(saved))
+    finally:
+        trainer.close()
+    assert is_adapter_folder(str(saved)) and not (saved / "config.json").exists()
+    check_model_reference(str(saved))
+    ids = torch.tensor([[1, 5, 9, 200, 31, 7]])
+    trained = trainer.model.eval()
+    with torch.no_grad():
+        expected = trained(input_ids=ids).logits
+        with trained.disable_adapter():  # dropping the adapter would be noticed
+            assert (trained(input_ids=ids).logits - expected).abs().max() > 1e-2
+    model, tokenizer = load_model_and_tokenizer(str(saved))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
+    assert tokenizer.padding_side == "left"
+
+    further = AgentGRPOTrainer(model=str(saved), args=_config(tmp_path / "again", "turn"), train_dataset=_dataset(1),
+                               env_factory=locker_factory)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(further.model(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
+    finally:
+        further.close()

@@ -47,6 +47,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
+from ..models import is_adapter_folder, merged_adapter_model
 from ..precision import resolve_config_precision
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
@@ -336,6 +337,8 @@ class AgentGRPOTrainer(GRPOTrainer):
             check_generation_batch(args, len(train_dataset))
         for note in run_length_notes(args):
             logger.warning(note)
+        if isinstance(model, str) and is_adapter_folder(model):  # a LoRA run's output: go on from its merged policy
+            model = merged_adapter_model(model)
         trl_env = TRLStyleEnvFactory(environment_factory) if environment_factory is not None else None
         if trl_env is not None:
             train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)
