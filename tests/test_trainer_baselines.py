@@ -475,7 +475,7 @@ def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_mod
     finally:
         trainer.close()
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "This model was trained with GiGPO, a method introduced in [Feng et al.]" in card
-    assert "huggingface.co/papers/2505.10978" in card
+    assert "trained with **GiGPO**" in card
+    assert "The method is from [Feng et al.](https://huggingface.co/papers/2505.10978)" in card
     assert "2402.03300" not in card
     assert "gigpo" in card.split("---")[1]  # the method's tag

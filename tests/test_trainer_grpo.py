@@ -199,6 +199,10 @@ def test_a_lora_output_loads_evaluates_and_trains_further(tmp_path, tiny_model_d
     finally:
         trainer.close()
     assert is_adapter_folder(str(saved)) and not (saved / "config.json").exists()
+    card = (saved / "README.md").read_text()  # ours, not PEFT's blank card
+    assert "# lora_output" in card and "library_name: peft" in card and "Agent GRPO" in card
+    assert "[None]" not in card and '"None"' not in card and "More Information Needed" not in card
+    assert "| `beta` | `0.01` |" in card and "| `success/all` | 0.5 |" in card
     check_model_reference(str(saved))
     ids = torch.tensor([[1, 5, 9, 200, 31, 7]])
     trained = trainer.model.eval()

@@ -208,9 +208,11 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
     _paper = {
         "title": "Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Horizon Agents",
         "citation": textwrap.dedent("""\
-            @article{alignopsd,
+            @misc{alignopsd2026,
                 title = {{Beyond Timestamps: Decision-Aligned On-Policy Distillation for Long-Horizon Agents}},
-                note  = {AlignOPSD},
+                year  = {2026},
+                url   = {https://github.com/mingju-c/Align-OPSD},
+                note  = {AlignOPSD; preprint},
             }"""),
     }
 

@@ -47,6 +47,7 @@ from ..envs.trl_style import (
     refuse_ignored_trainer_arguments,
     tool_call_tag,
 )
+from ..model_card import AgentModelCard
 from ..models import is_adapter_folder, merged_adapter_model
 from ..precision import resolve_config_precision
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
@@ -302,7 +303,7 @@ def environment_reward(completions: list, env_reward: list[float], **kwargs: Any
     return [float(r) for r in env_reward]
 
 
-class AgentGRPOTrainer(GRPOTrainer):
+class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
     """`trl.GRPOTrainer` for multi-turn agents; called exactly like it, plus an optional `env_factory`.
 
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an

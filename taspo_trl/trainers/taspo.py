@@ -80,9 +80,10 @@ class TASPOTrainer(AgentGRPOTrainer):
     _paper = {
         "title": "Reconciling Process Supervision with Outcome-Based Credit in Agentic Policy Optimization",
         "citation": textwrap.dedent("""\
-            @article{taspo,
+            @misc{taspo2026,
                 title  = {{Reconciling Process Supervision with Outcome-Based Credit in Agentic Policy Optimization}},
-                note   = {TASPO},
+                year   = {2026},
+                note   = {TASPO; preprint},
             }"""),
     }
 

@@ -1,0 +1,40 @@
+"""The model card a run's output gets: the Hub model it was made from, the recipe, the run's figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from taspo_trl import TASPOConfig
+from taspo_trl.model_card import base_model_origin, last_metrics, recipe_settings
+from taspo_trl.models import EMBEDDED_MODEL, embedded_model_dir
+
+
+def test_the_base_model_is_named_by_its_hub_id(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
+    smollm = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    embedded_model_dir().mkdir(parents=True)
+    assert base_model_origin(str(embedded_model_dir())) == (smollm, None)
+    assert base_model_origin(EMBEDDED_MODEL) == (smollm, None)
+    assert base_model_origin("Qwen/Qwen2.5-3B-Instruct") == ("Qwen/Qwen2.5-3B-Instruct", None)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / "warm_start.json").write_text(json.dumps(
+        {"name": "embedded:smollm2-135m-alfworld", "fingerprint": {"settings": {"base_model": EMBEDDED_MODEL}}}))
+    assert base_model_origin(str(warm)) == (smollm, "embedded:smollm2-135m-alfworld")
+    assert base_model_origin(str(tmp_path)) == (None, None)  # a user's own folder: unknown, never "None" as an id
+
+
+def test_the_recipe_lists_what_the_run_changed_and_not_where_it_wrote(tmp_path: Path) -> None:
+    args = TASPOConfig(output_dir=str(tmp_path / "run"), use_cpu=True, max_steps=3, c_delta=1.5, learning_rate=2e-6,
+                       logging_steps=7, bf16=False)
+    settings = recipe_settings(args)
+    assert settings["max_steps"] == 3 and settings["c_delta"] == 1.5 and settings["learning_rate"] == 2e-6
+    assert "output_dir" not in settings and "logging_steps" not in settings
+    assert "num_generations" not in settings  # left at its default
+
+
+def test_the_results_are_the_last_logged_values() -> None:
+    history = [{"success/all": 0.25, "reward": 0.25, "loss": 0.1, "step": 1},
+               {"success/all": 0.75, "loss": 0.2, "step": 2}, {"eval_success/all": 0.5, "step": 2}]
+    assert last_metrics(history) == {"success/all": 0.75, "reward": 0.25, "eval_success/all": 0.5}
