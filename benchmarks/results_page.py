@@ -21,6 +21,9 @@ from typing import Any
 
 from taspo_trl.credit.quality import credit_verdict
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the evaluation's own table, from the script beside this one
+import warm_start_eval  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
@@ -227,22 +230,53 @@ def learning_curve(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def pi_specificity(result: dict[str, Any]) -> str:
-    """Log-prob shifts under each trajectory's own privileged information against another task's."""
-    settings = result["settings"]
-    own, foreign = result["mean_shift_own_pi"], result["mean_shift_foreign_pi"]
+def pi_specificity(*results: dict[str, Any]) -> str:
+    """Log-prob shifts under each trajectory's own privileged information against another task's, one column pair
+    per split, with the share of the quoted actions' gap (their plain -log pi) that the shift takes."""
+    first = results[0]["settings"]
+    lines = [
+        f"Scripted siblings (two walkthrough wins and two stalling failures per game, scored with the policy's own "
+        f"log-probs), policy `{first['model']}`, history window {first['history_window']}; a foreign guidance is "
+        "another task's. The gap share is the quoted actions' summed shift over their summed gap (the mean over "
+        "their tokens of -log pi without guidance): 1 means the guidance makes them certain.",
+        "",
+        "| figure | " + " | ".join(f"`{r['settings']['split']}`, own guidance | `{r['settings']['split']}`, foreign"
+                                      for r in results) + " |",
+        "|---|" + "---|---|" * len(results),
+    ]
+
+    def row(name: str, own: Callable[[dict[str, Any]], float], foreign: Callable[[dict[str, Any]], float],
+            signed: bool = True) -> str:
+        form = "{:+.3f}" if signed else "{:.3f}"
+        return f"| {name} | " + " | ".join(f"{form.format(own(r))} | {form.format(foreign(r))}" for r in results) + " |"
+
+    lines += [
+        "| actions (quoted by their own guidance) | " + " | ".join(
+            f"{r['actions']} ({r['quoted_actions']}) | " for r in results) + "|",
+        row("mean \\|shift\\|", lambda r: r["mean_abs_shift_own_pi"], lambda r: r["mean_abs_shift_foreign_pi"], False),
+        row("mean shift, quoted actions", lambda r: r["mean_shift_own_pi"]["quoted"],
+            lambda r: r["mean_shift_foreign_pi"]["quoted"]),
+        row("mean shift, other actions", lambda r: r["mean_shift_own_pi"]["not_quoted"],
+            lambda r: r["mean_shift_foreign_pi"]["not_quoted"]),
+        row("gap share, quoted actions", lambda r: r["gap_share_own_quoted"], lambda r: r["gap_share_foreign_quoted"]),
+        "",
+        "Correlation of the own and foreign shifts over the actions: " + "; ".join(
+            f"`{r['settings']['split']}` {r['correlation']:.2f}" for r in results) + ".",
+    ]
+    return "\n".join(lines)
+
+
+def warm_start(*results: dict[str, Any]) -> str:
+    """The warm starts' greedy play on unseen games and sampled groups on fresh train games, one row per model."""
+    models = [model for result in results for model in result["models"]]
+    settings = results[0]["settings"]
     return "\n".join([
-        f"{result['actions']} actions of {settings['siblings']} siblings on the `{settings['split']}` games "
-        f"({result['quoted_actions']} of them quoted by their own guidance), policy `{settings['model']}`, "
-        f"history window {settings['history_window']}.",
+        f"Greedy on {settings['games_per_type']} generated `eval_unseen` games per family ({settings['eval_turns']} "
+        f"turns); at temperature 1 on {settings['train_games_per_type']} fresh train games per family (seed "
+        f"{settings['train_games_seed']}, never in a warm start's data) with {settings['siblings']} siblings each "
+        f"({settings['train_turns']} turns), as the quickstart samples; 95 % Wilson intervals.",
         "",
-        "| figure | own guidance | another task's guidance |",
-        "|---|---|---|",
-        f"| mean \\|shift\\| | {result['mean_abs_shift_own_pi']:.3f} | {result['mean_abs_shift_foreign_pi']:.3f} |",
-        f"| mean shift, quoted actions | {own['quoted']:+.3f} | {foreign['quoted']:+.3f} |",
-        f"| mean shift, other actions | {own['not_quoted']:+.3f} | {foreign['not_quoted']:+.3f} |",
-        "",
-        f"Correlation of the two shifts over the actions: {result['correlation']:.2f}.",
+        warm_start_eval.render(models),
     ])
 
 
@@ -291,6 +325,8 @@ CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
+WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval.json")  # the previous warm start, the shipped one
+PI_SPECIFICITY = ("pi_specificity.json",)
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
@@ -300,7 +336,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
-    ("Does the policy read its privileged context?", ("pi_specificity.json",), pi_specificity),
+    ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
+    ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
      gpu_check),
 ]
@@ -344,9 +381,19 @@ def _summary_curve(result: dict[str, Any]) -> str:
     return f"wins of {games} at steps {steps}: " + "; ".join(runs)
 
 
-def _summary_pi(result: dict[str, Any]) -> str:
-    own, foreign = result["mean_shift_own_pi"]["quoted"], result["mean_shift_foreign_pi"]["quoted"]
-    return f"{own:+.3f} under its own guidance vs {foreign:+.3f} under another task's"
+def _summary_pi(*results: dict[str, Any]) -> str:
+    return "; ".join(f"`{r['settings']['split']}`: {r['gap_share_own_quoted']:.2f} under its own guidance vs "
+                     f"{r['gap_share_foreign_quoted']:.2f} under another task's" for r in results)
+
+
+def _summary_warm_start(*results: dict[str, Any]) -> str:
+    rows = []
+    for model in (m for r in results for m in r["models"]):
+        greedy, sampled = model["eval_unseen_greedy"], model["train_siblings_t1"]
+        low, high = greedy["success_interval_95"]
+        rows.append(f"{model['model']}: {greedy['wins']}/{greedy['episodes']} [{low:.2f}, {high:.2f}] greedy, a win "
+                    f"in {sampled['groups_with_a_success']}/{sampled['groups']} sampled groups")
+    return "; ".join(rows)
 
 
 SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
@@ -361,8 +408,11 @@ SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
      "credit-quality-on-webshop-every-method", _summary_verdicts),
     ("Learning curve, CPU setting: `eval_unseen` wins", ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
-    ("Does the 135M policy read its privileged context? Mean log-prob shift of the actions its guidance quotes",
-     ("pi_specificity.json",), "does-the-policy-read-its-privileged-context", _summary_pi),
+    ("The embedded warm start on ALFWorld games it never saw: `eval_unseen` wins (95 % interval), and fresh train "
+     "games with a win among 4 sampled siblings", WARM_START_EVAL, "the-warm-start-does-it-play-games-it-never-saw",
+     _summary_warm_start),
+    ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
+     "guidance closes", PI_SPECIFICITY, "does-the-policy-read-its-privileged-context", _summary_pi),
 ]
 
 
