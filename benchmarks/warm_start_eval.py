@@ -28,21 +28,10 @@ from typing import Any
 
 from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_SHORT_NAMES, generate_games, task_spec_rows
-from taspo_trl.evaluation import EvalArguments, evaluate_rows
+from taspo_trl.evaluation import EvalArguments, evaluate_rows, wilson_interval
 from taspo_trl.models import load_model_and_tokenizer
 from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95 % for the default ``z``); (0, 1) with no trials."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    denominator = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denominator
-    half = z * (p * (1 - p) / trials + z * z / (4 * trials * trials)) ** 0.5 / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def act_stats(trajectories: list[Any]) -> dict[str, Any]:

@@ -155,8 +155,20 @@ class EvalArguments:
         self.bf16 = self.precision.bf16
 
 
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for the default ``z``); (0, 1) with no trials."""
+    if trials == 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * (p * (1 - p) / trials + z * z / (4 * trials * trials)) ** 0.5 / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def summarize(trajectories: list[Any]) -> dict[str, Any]:
-    """Per-group and overall success, mean score and mean steps of successful episodes.
+    """Per-group and overall success with its 95 % Wilson interval and ``n``, mean score and mean steps of
+    successful episodes.
 
     A trajectory's group is its ``task_type``; its score is its reward (WebShop's graded score, Search-QA's
     exact match, ALFWorld's 0/1).
@@ -170,6 +182,7 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
         return {
             "n": len(items),
             "success": len(wins) / len(items) if items else 0.0,
+            "success_interval_95": list(wilson_interval(len(wins), len(items))),
             "score": sum(t.reward for t in items) / len(items) if items else 0.0,
             "mean_steps_success": sum(t.num_turns for t in wins) / len(wins) if wins else None,
         }
@@ -427,7 +440,9 @@ def prepare_evaluation(args: EvalArguments, script_args: Any) -> EvalSetup:
 
 
 def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | None = None) -> list[dict[str, Any]]:
-    """Evaluate every split; writes one JSON per split and ``results.md``; returns the result dicts."""
+    """Evaluate every split; writes one JSON per split (the figures, with the decoding and turn settings and the
+    versions), one JSONL per split (an episode a line), ``results.csv`` and ``results.md``; returns the result
+    dicts."""
     from .reporting import PAPER_ENVS, render_groups_table, render_results_table, render_steps_table
 
     setup = setup or prepare_evaluation(args, script_args)
@@ -447,18 +462,75 @@ def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | Non
             "num_tasks": len(rows),
             "seed": args.seed,
             "temperature": args.temperature,
+            "settings": {name: getattr(args, name) for name in _RECORDED_SETTINGS},
+            "versions": package_versions(),
             **summarize(trajectories),
         }
         path = out_dir / f"{args.environment}_{split}.json"
         path.write_text(json.dumps(result, indent=2))
-        print(f"[taspo-eval] wrote {path}", flush=True)
+        episodes = out_dir / f"{args.environment}_{split}_episodes.jsonl"
+        episodes.write_text("".join(json.dumps(episode_record(t)) + "\n" for t in trajectories))
+        print(f"[taspo-eval] wrote {path} and {episodes.name}", flush=True)
         results.append(result)
-    table = (render_results_table if args.environment in PAPER_ENVS else render_groups_table)(results)
+    table = "Success rate (%):\n\n" + (render_results_table if args.environment in PAPER_ENVS else render_groups_table)(results)
     if args.environment == "alfworld":  # Table 4: mean steps of the successful episodes
         table += "\n\nMean steps of successful episodes:\n\n" + render_steps_table(results)
     (out_dir / "results.md").write_text(table + "\n")
+    write_results_csv(results, out_dir / "results.csv")
     print(table, flush=True)
     return results
+
+
+# The decoding and turn settings an evaluation result records, so that a table can say how it was played.
+_RECORDED_SETTINGS = (
+    "layout", "history_window", "max_turns", "max_prompt_tokens", "max_completion_length", "temperature", "top_p",
+    "top_k", "min_p", "repetition_penalty", "generation_kwargs", "seed", "bf16", "dtype", "use_vllm",
+    "prompt_skill_bank", "prompt_skill_top_k",
+)
+
+
+def package_versions() -> dict[str, str | None]:
+    """The versions of taspo-trl and the libraries that decide how an episode is played."""
+    import importlib.metadata
+
+    versions = {}
+    for name in ("taspo-trl", "trl", "transformers", "torch"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def episode_record(trajectory: Any) -> dict[str, Any]:
+    """One line of the per-episode JSONL: which task, how it ended, and the actions taken."""
+    return {
+        "task": trajectory.task,
+        "task_type": trajectory.task_type,
+        "won": trajectory.won,
+        "reward": trajectory.reward,
+        "num_turns": trajectory.num_turns,
+        "truncated": trajectory.truncated,
+        "error": trajectory.error,
+        "actions": [turn.action for turn in trajectory.turns],
+    }
+
+
+def write_results_csv(results: list[dict[str, Any]], path: Path) -> None:
+    """One row per (result, group) and one per result's overall figures: method, split, group, n, success and its
+    95 % interval, mean score, mean steps of successful episodes, seed."""
+    import csv
+
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method", "env", "split", "group", "n", "success", "success_low_95", "success_high_95",
+                         "score", "mean_steps_success", "seed"])
+        for result in results:
+            entries = [*result["groups"].items(), ("all", result["overall"])]
+            for group, entry in entries:
+                low, high = entry["success_interval_95"]
+                writer.writerow([result["method"], result["env"], result["split"], group, entry["n"], entry["success"],
+                                 low, high, entry["score"], entry["mean_steps_success"], result["seed"]])
 
 
 def _parse_eval_args(argv: list[str]) -> tuple[EvalArguments, Any]:

@@ -295,6 +295,65 @@ def _ema(values: list[float], smoothing: float) -> list[float]:
 # tables
 
 
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (beyond 30 the normal 1.96 is within 4 %).
+_T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+          12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+class Estimate(float):
+    """A mean over seeds that carries the half-width ``half`` of its 95 % t-interval; compares and sorts as the
+    mean."""
+
+    half: float
+
+    def __new__(cls, mean: float, half: float) -> Estimate:
+        value = super().__new__(cls, mean)
+        value.half = half
+        return value
+
+
+def seed_estimate(values: Sequence[float]) -> Estimate:
+    """The mean of per-seed ``values`` with the half-width of its 95 % t-interval (sample standard deviation over
+    the square root of n, times t at n - 1 degrees of freedom; the largest tabulated quantile at or below it)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("an interval over seeds needs at least two seeds.")
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    t = _T_975[max(df for df in _T_975 if df <= n - 1)] if n - 1 <= 30 else 1.96
+    return Estimate(mean, t * sd / n**0.5)
+
+
+def combine_seeds(results: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Results of one method on one split (several training or sampling seeds) pooled into one result whose
+    ``success``, ``score`` and ``mean_steps_success`` are ``Estimate``s over the seeds, per group and overall;
+    its ``method`` says how many seeds. A method with one result on a split stays as it is."""
+    by_key: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for result in results:
+        by_key.setdefault((str(result.get("env")), str(result.get("method")), str(result.get("split"))), []).append(result)
+    combined = []
+    for (env, method, split), runs in by_key.items():
+        if len(runs) == 1:
+            combined.append(dict(runs[0]))
+            continue
+
+        def pooled(entries: list[Mapping[str, Any]]) -> dict[str, Any]:
+            entry: dict[str, Any] = {"n": [e.get("n") for e in entries]}
+            for name in ("success", "score", "mean_steps_success"):
+                values = [e[name] for e in entries if e.get(name) is not None]
+                entry[name] = seed_estimate(values) if len(values) > 1 else (values[0] if values else None)
+            return entry
+
+        groups = sorted({name for run in runs for name in run.get("groups", {})})
+        combined.append({
+            "env": env, "method": f"{method} ({len(runs)} seeds)", "split": split,
+            "model": runs[0].get("model") if len({r.get("model") for r in runs}) == 1 else "several",
+            "groups": {name: pooled([r["groups"][name] for r in runs if name in r.get("groups", {})]) for name in groups},
+            "overall": pooled([r["overall"] for r in runs]),
+        })
+    return combined
+
+
 @dataclass
 class _Table:
     """A format-independent table: optional header groups (label, span) over the value columns."""
@@ -407,7 +466,8 @@ def _split_table(
         by_split = cells.setdefault(label, {})
         split = str(result.get("split"))
         if split in by_split:
-            raise ValueError(f"two results for {label!r} on split {split!r}; pass one per method and split.")
+            raise ValueError(f"two results for {label!r} on split {split!r}; pass one per method and split, or "
+                             "--seeds where they are seeds of one method (mean ± 95 % interval)")
         by_split[split] = result
     columns = [short for _, short in ALFWORLD_FAMILIES] + ["All"]
     rows = []
@@ -458,7 +518,8 @@ def _labelled_rows(results: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapp
     for label, result in zip(labels, results):
         split = str(result.get("split"))
         if (label, split) in seen:
-            raise ValueError(f"two results for {label!r} on split {split!r}; pass one per method and split.")
+            raise ValueError(f"two results for {label!r} on split {split!r}; pass one per method and split, or "
+                             "--seeds where they are seeds of one method (mean ± 95 % interval)")
         seen.add((label, split))
         rows.append((f"{label} ({split})" if several_splits else label, result))
     return rows
@@ -472,7 +533,13 @@ def _dataset_key(name: str) -> str:
 def _scaled(value: Any, scale: float) -> float | None:
     if value is None:
         return None
+    if isinstance(value, Estimate):
+        return Estimate(float(value) * scale, value.half * scale)
     return float(value) * scale
+
+
+def _cell(value: float, digits: int) -> str:
+    return f"{value:.{digits}f} ± {value.half:.{digits}f}" if isinstance(value, Estimate) else f"{value:.{digits}f}"
 
 
 def _render(table: _Table, fmt: str, digits: int, bold_best: bool) -> str:
@@ -482,7 +549,7 @@ def _render(table: _Table, fmt: str, digits: int, bold_best: bool) -> str:
     bold = (lambda text: f"**{text}**") if fmt == "markdown" else (lambda text: f"\\textbf{{{text}}}")
     body = [
         [label] + [
-            _MISSING[fmt] if v is None else (bold(f"{v:.{digits}f}") if (r, c) in best else f"{v:.{digits}f}")
+            _MISSING[fmt] if v is None else (bold(_cell(v, digits)) if (r, c) in best else _cell(v, digits))
             for c, v in enumerate(values)
         ]
         for r, (label, values) in enumerate(table.rows)
@@ -552,6 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table.add_argument("--format", choices=("markdown", "latex"), default="markdown")
     table.add_argument("--digits", type=int, default=1)
     table.add_argument("--bold-best", action="store_true", help="bold the best value of every column")
+    table.add_argument("--seeds", action="store_true",
+                       help="results of one method on one split are seeds: report their mean ± 95 %% t-interval")
     args = parser.parse_args(argv)
 
     try:
@@ -560,6 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {args.out} ({', '.join(plotted)})")
             return 0
         results = [_read_result(path) for path in args.results]
+        if args.seeds:
+            results = combine_seeds(results)
         options = {"fmt": args.format, "digits": args.digits, "bold_best": args.bold_best}
         render = render_results_table if results[0].get("env") in PAPER_ENVS else render_groups_table
         text = render(results, **options)
@@ -569,6 +640,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{heading} Success rate (%)\n\n{text}\n{heading} Mean steps of successful episodes\n\n"
                 + render_steps_table(results, **options)
             )
+        if any(isinstance(r.get("overall", {}).get("success"), Estimate) for r in results):
+            note = "Cells over several seeds: mean ± half-width of its 95 % t-interval over the seeds."
+            text += f"\n{'% ' if args.format == 'latex' else ''}{note}\n"
     except (FileNotFoundError, ImportError, ValueError) as error:
         print(f"taspo-report: {error}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def test_summarize_by_hand():
         _trajectory("cool", False, 10, reward=0.25),
     ])
     heat, cool, overall = result["groups"]["heat"], result["groups"]["cool"], result["overall"]
-    assert heat == {"n": 3, "success": pytest.approx(2 / 3), "score": pytest.approx(2 / 3), "mean_steps_success": 5.0}
-    assert cool == {"n": 1, "success": 0.0, "score": 0.25, "mean_steps_success": None}
+    # Wilson 95 % intervals by hand: 2 of 3 -> centre 0.5731, half-width 0.3654; 0 of 1 -> centre 0.3967 = half-width
+    assert heat == {"n": 3, "success": pytest.approx(2 / 3), "success_interval_95": pytest.approx([0.2077, 0.9385], abs=2e-4),
+                    "score": pytest.approx(2 / 3), "mean_steps_success": 5.0}
+    assert cool == {"n": 1, "success": 0.0, "success_interval_95": pytest.approx([0.0, 0.7934], abs=2e-4),
+                    "score": 0.25, "mean_steps_success": None}
     assert overall["success"] == 0.5 and overall["mean_steps_success"] == 5.0
     assert overall["score"] == pytest.approx((1 + 0 + 1 + 0.25) / 4)
 
@@ -48,7 +52,8 @@ def test_scripted_policy_success_and_steps_on_real_games(tmp_path, tiny_model_di
                                  generate=PlannedGenerator(model, tokenizer, plans))
     result = summarize(trajectories)
     assert result["groups"]["pick_and_place_simple"] == {
-        "n": 1, "success": 1.0, "score": 1.0, "mean_steps_success": float(len(walkthroughs[0]))}
+        "n": 1, "success": 1.0, "success_interval_95": pytest.approx([0.2065, 1.0], abs=2e-4), "score": 1.0,
+        "mean_steps_success": float(len(walkthroughs[0]))}
     assert result["groups"]["look_at_obj_in_light"]["success"] == 0.0
     assert result["overall"]["success"] == 0.5
 
@@ -74,9 +79,21 @@ def test_eval_cli_writes_a_table1_shaped_result_and_is_reproducible(tmp_path, ti
 def test_eval_cli_on_webshop_and_search(tmp_path, tiny_model_dir, capsys, environment, header):
     eval_main(["--model_name_or_path", tiny_model_dir, "--environment", environment, "--max_tasks", "3",
                "--max_turns", "1", "--max_completion_length", "8", "--results_dir", str(tmp_path)])
-    assert header in capsys.readouterr().out
-    result = json.loads(next(tmp_path.glob(f"{environment}_*.json")).read_text())
+    printed = capsys.readouterr().out
+    assert header in printed and "Success rate (%)" in printed
+    result_file = next(tmp_path.glob(f"{environment}_*.json"))
+    result = json.loads(result_file.read_text())
     assert result["num_tasks"] == 3 and result["env"] == environment
+    assert result["settings"]["max_turns"] == 1 and result["settings"]["max_completion_length"] == 8
+    assert result["settings"]["top_p"] == 1.0 and result["versions"]["taspo-trl"]
+    episodes = [json.loads(line) for line in result_file.with_name(result_file.stem + "_episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 3 and all(len(e["actions"]) == e["num_turns"] <= 1 for e in episodes)
+    assert sum(e["won"] for e in episodes) / 3 == result["overall"]["success"]
+    with open(tmp_path / "results.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    overall = next(row for row in rows if row["group"] == "all")
+    assert int(overall["n"]) == 3 and float(overall["success"]) == result["overall"]["success"]
+    assert float(overall["success_low_95"]) <= float(overall["success"]) <= float(overall["success_high_95"])
 
 
 def test_eval_rejects_unknown_flags(tiny_model_dir):

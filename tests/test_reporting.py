@@ -401,3 +401,32 @@ def test_cli_errors_exit_2_with_a_message(tmp_path, capsys):
     assert "expected a taspo-eval result" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["plot"])
+
+
+def test_seeds_of_a_method_pool_into_mean_and_t_interval(tmp_path, capsys):
+    """Three seeds of TASPO (overall success 50, 60 and 70 %) against one GRPO run: by hand, mean 60, sample
+    standard deviation 10, half-width t(2) 4.303 x 10 / sqrt(3) = 24.8."""
+    paths = []
+    for seed, wins in enumerate(([1, 1, 1, 0, 1, 1], [1, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1])):
+        n = [2, 2, 2, 2, 1, 1]
+        result = _alfworld("TASPO", "eval_unseen", wins, n, [3.0] * 6)
+        result["overall"]["success"] = (0.5, 0.6, 0.7)[seed]
+        result["model"] = f"outputs/taspo_seed{seed}"
+        paths.append(tmp_path / f"taspo_{seed}.json")
+        paths[-1].write_text(json.dumps(result))
+    grpo = tmp_path / "grpo.json"
+    grpo.write_text(json.dumps(_alfworld("GRPO", "eval_unseen", [1] * 6, [2] * 6, [3.0] * 6)))
+    assert main(["table", str(grpo), *map(str, paths), "--seeds"]) == 0
+    out = capsys.readouterr().out
+    taspo = next(line for line in out.splitlines() if line.startswith("| TASPO (3 seeds)"))
+    assert taspo.endswith("| 60.0 ± 24.8 |")  # the All column
+    assert "| 50.0 ± 0.0 |" in taspo  # Pick: 1 of 2 in every seed, no spread
+    assert "mean ± half-width of its 95 % t-interval" in out
+    assert next(line for line in out.splitlines() if line.startswith("| GRPO")).endswith("| 50.0 |")
+    same = [str(p) for p in paths]
+    for path in same:  # one checkpoint evaluated with three sampling seeds: refused without --seeds
+        data = json.loads(Path(path).read_text())
+        Path(path).write_text(json.dumps(dict(data, model="outputs/taspo")))
+    assert main(["table", *same]) == 2
+    assert "--seeds where they are seeds of one method" in capsys.readouterr().err
+

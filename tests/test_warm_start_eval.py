@@ -3,6 +3,8 @@ with a tiny random policy on unseen games and on fresh train games."""
 
 from __future__ import annotations
 
+from taspo_trl.evaluation import wilson_interval
+
 import json
 
 import pytest
@@ -15,11 +17,11 @@ def warm_start_eval(load_benchmark):
 
 def test_wilson_interval_matches_hand_computed_values(warm_start_eval):
     # 2 of 12: centre (1/6 + 1.96^2/24) / (1 + 1.96^2/12) = 0.2475, half-width 0.2005.
-    assert warm_start_eval.wilson_interval(2, 12) == pytest.approx((0.0470, 0.4480), abs=5e-4)
+    assert wilson_interval(2, 12) == pytest.approx((0.0470, 0.4480), abs=5e-4)
     # 0 of 10: the lower end is 0 and the upper 2 * 0.19208 / 1.38416 = 0.2775.
-    assert warm_start_eval.wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=5e-4)
-    assert warm_start_eval.wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=5e-4)
-    assert warm_start_eval.wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=5e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=5e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
 
 
 def test_main_plays_unseen_and_fresh_train_games(warm_start_eval, tiny_model_dir, tmp_path):
