@@ -79,7 +79,7 @@ def build_trainer(
     """Parse a recipe plus command-line overrides and build its dataset and trainer (no training).
 
     ``model_override`` replaces the recipe's model (the recipe tests build every recipe with a tiny model);
-    ``reward_funcs`` replaces the default reward (the environment's verified reward).
+    ``reward_funcs`` are added to the environment's verified reward, which comes last in ``reward_weights``.
     """
     from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config

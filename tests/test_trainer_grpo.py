@@ -222,3 +222,38 @@ def test_a_lora_output_loads_evaluates_and_trains_further(tmp_path, tiny_model_d
             torch.testing.assert_close(further.model(input_ids=ids).logits, expected, atol=1e-4, rtol=0)
     finally:
         further.close()
+
+
+def test_a_trl_prompt_dataset_is_refused_before_the_model_loads(tmp_path):
+    """A standard TRL dataset (prompt + answer) under the default ALFWorld environment would start no episode
+    and train on reward 0; it is refused in one line naming the fixes."""
+    rows = Dataset.from_list([{"prompt": "What is 2 + 2?", "answer": "4"}] * 2)
+    with pytest.raises(ValueError) as info:
+        AgentGRPOTrainer(model="/nonexistent/model", args=_config(tmp_path, "turn"), train_dataset=rows)
+    message = str(info.value)
+    assert "not a task of environment 'alfworld'" in message and "['answer', 'prompt']" in message
+    assert "lacks 'game_file'" in message
+    assert "environment_factory=" in message and "\n" not in message
+
+
+def test_own_reward_functions_add_to_the_verified_reward(tmp_path, tiny_model_dir, monkeypatch):
+    """As with TRL's environment_factory, reward functions passed with a built-in or own environment are summed
+    with the environment's verified reward, which comes last (a reward_weights entry of 0 drops it)."""
+
+    def brevity(completions, num_turns, **kwargs):
+        return [-float(n) for n in num_turns]
+
+    trainer = AgentGRPOTrainer(model=tiny_model_dir, args=_config(tmp_path, "turn"), train_dataset=_dataset(1),
+                               env_factory=locker_factory, reward_funcs=[brevity])
+    generator = PlannedGenerator(trainer.model, trainer.processing_class, LOCKER_PLANS)
+    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
+    try:
+        assert trainer.reward_func_names == ["brevity", "environment_reward"]
+        rows = [dict(r) for r in _dataset(1)] * 4
+        trainer._generate_and_score_completions(rows)
+        trajectories = trainer.last_step.trajectories
+        _, total = trainer._trajectory_rewards([dict(r) for r in rows], trajectories)
+    finally:
+        trainer.close()
+    assert [(t.won, t.num_turns) for t in trajectories] == [(True, 1), (True, 2), (False, 3), (False, 3)]
+    assert total.tolist() == [0.0, -1.0, -3.0, -3.0]  # won (1 or 0) minus the turns taken

@@ -139,6 +139,35 @@ def get_env_factory(name: str) -> EnvFactory:
     return _REGISTRY[name]()
 
 
+# What a task spec must hold for each built-in environment (one of each tuple), and how to build such rows.
+_TASK_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "alfworld": (("game_file",), "taspo_trl.envs.alfworld.task_spec_rows(generate_games(...))"),
+    "webshop": (("goal_index", "goal"), "taspo_trl.envs.webshop.webshop_task_rows(...)"),
+    "search": (("golden_answers",), "taspo_trl.envs.search.data.search_task_rows(...)"),
+}
+
+
+def check_task_rows(environment: str, rows: Any) -> None:
+    """Refuse, in one line naming the fix, a dataset whose first row is not a task of the built-in ``environment``
+    (a plain TRL prompt dataset, say, where every episode would fail to start and train on reward 0).
+    Environments registered by the user, and datasets without indexable rows, are not checked."""
+    if environment not in _TASK_KEYS or rows is None or not hasattr(rows, "__getitem__") or not len(rows):
+        return
+    needed, builder = _TASK_KEYS[environment]
+    row = dict(rows[0])
+    try:
+        spec = task_spec_from_row(row)
+    except ValueError:
+        spec = {}
+    if not any(key in spec for key in needed):
+        raise ValueError(
+            f"train_dataset row 0 is not a task of environment {environment!r}: its columns are {sorted(row)} and "
+            f"its task spec lacks {' or '.join(repr(k) for k in needed)} (a plain TRL prompt dataset?). Build the "
+            f"rows with {builder}, set environment= to the environment the rows are for, or pass "
+            "environment_factory= (TRL's) for your own environment."
+        )
+
+
 def build_task_rows(
     environment: str, settings: Mapping[str, Any], max_turns: int | None = None
 ) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ from trl.trainer.utils import pad, use_adapter
 
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
-from ..envs import EnvFactory, PromptTemplate, get_env_factory, task_spec_from_row
+from ..envs import EnvFactory, PromptTemplate, check_task_rows, get_env_factory, task_spec_from_row
 from ..envs.trl_style import (
     TOOL_CALL_TAG,
     TRLStyleEnvFactory,
@@ -309,7 +309,9 @@ class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
     environment's `task_spec_rows`), so the same dataset also works with TRL's `rollout_func` path.
     TRL's `environment_factory=` is taken with TRL's meaning and played by the agent loop
-    (`taspo_trl.envs.trl_style`).
+    (`taspo_trl.envs.trl_style`). `reward_funcs` are added to the environment's verified reward
+    (`environment_reward`, last in `reward_weights`) and receive, besides TRL's arguments and the row's columns,
+    `env_reward`, `won`, `task_type` and `num_turns` per trajectory.
     """
 
     _tag_names = ["trl", "grpo", "taspo-trl", "agent"]
@@ -344,9 +346,13 @@ class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
         if trl_env is not None:
             train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)
             reward_funcs = _with_environment_reward(reward_funcs, trl_env)
+        else:
+            if env_factory is None:
+                check_task_rows(args.environment, train_dataset)
+            reward_funcs = _with_verified_reward(reward_funcs)
         super().__init__(
             model=model,
-            reward_funcs=reward_funcs if reward_funcs is not None else [environment_reward],
+            reward_funcs=reward_funcs,
             args=args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
@@ -864,6 +870,20 @@ class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+def _with_verified_reward(reward_funcs: Any) -> list[Any]:
+    """The reward sources of an agent environment (built in, or an ``env_factory``): the reward functions given,
+    then ``environment_reward`` (the environment's verified reward), as TRL adds an ``environment_factory``'s
+    reward to the reward functions; its weight in ``reward_weights`` comes last (0 drops it)."""
+    given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+    if environment_reward in given:
+        return given
+    if given:
+        names = ", ".join(getattr(f, "__name__", type(f).__name__) for f in given)
+        logger.info("reward: %s plus environment_reward (the environment's verified reward, last in reward_weights)",
+                    names)
+    return given + [environment_reward]
 
 
 def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> Any:
