@@ -41,9 +41,27 @@ from .script_args import (
     import_env_module,
     one_line_errors,
     resolve_config_argv,
+    resolve_reward_funcs,
+    with_env_kwargs,
 )
 
 logger = logging.getLogger("taspo_trl")
+
+HELP_DESCRIPTION = """Train a multi-turn agent with a credit method on TRL's GRPOTrainer (or SFT on expert demonstrations).
+
+  taspo-train --config alfworld_taspo_cpu                  # a shipped recipe (taspo-recipes list)
+  taspo-train --config my_recipe.yaml --max_steps 10       # any flag below overrides the recipe
+  accelerate launch -m taspo_trl.cli --config paper/alfworld/taspo_qwen2.5-3b
+
+--config takes a YAML file or a shipped recipe's name; its keys are the flags below. The settings listed are those
+of method {method!r} ({config}); --method NAME --help lists another method's."""
+
+
+def say(message: str, stream: Any = None) -> None:
+    """Print a ``[taspo-train]`` line on the main process only: under ``accelerate launch`` every rank runs this
+    script, and its ``RANK`` (set by the launcher) tells them apart before the trainer exists."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[taspo-train] {message}", file=stream or sys.stdout, flush=True)
 
 
 def _method_config_class(method: str) -> type:
@@ -92,7 +110,9 @@ def build_trainer(
     config_class = _method_config_class(method)
     if config_class is BaselineConfig and "--baseline" not in argv:
         argv = [*argv, "--baseline", method]
-    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False)
+    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False,
+                       usage="taspo-train --config RECIPE [--setting value ...]", description=HELP_DESCRIPTION.format(method=method, config=config_class.__name__),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     check_setting_names(parser, argv)
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     import_env_module(script_args.env_module, "taspo-train")
@@ -105,7 +125,7 @@ def build_trainer(
     if method == "sft":  # the agent configs and trainers check and note these themselves
         check_run_settings(config)
         for note in run_length_notes(config):
-            print(f"[taspo-train] note: {note}", file=sys.stderr, flush=True)
+            say(f"note: {note}", stream=sys.stderr)
 
     name = model_override or model_args.model_name_or_path
     if not name:
@@ -113,7 +133,7 @@ def build_trainer(
     check_model_reference(name)
     check_output_dir(config.output_dir, config.resume_from_checkpoint, script_args.overwrite_output_dir)
     check_hub_access(config)
-    print(f"[taspo-train] precision: {config.precision.description}", flush=True)
+    say(f"precision: {config.precision.description}")
     quantization = _quantization(model_args)
     # As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
     # `model_init_kwargs` win where both set a key.
@@ -124,14 +144,17 @@ def build_trainer(
         **({"quantization_config": quantization} if quantization else {}),
         **(config.model_init_kwargs or {}),
     }
-    rows = build_task_rows(config.environment, asdict(script_args), config.max_turns)
+    rows = with_env_kwargs(build_task_rows(config.environment, asdict(script_args), config.max_turns),
+                           script_args.env_kwargs)
+    given_rewards = [*(reward_funcs or []), *resolve_reward_funcs(script_args.reward_funcs)]
+    reward_funcs = given_rewards or None
     if method != "sft":  # before the model is resolved: a warm start that is not built yet takes minutes
         check_generation_batch(config, len(rows))
     model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
     dataset = Dataset.from_list(rows)
-    print(f"[taspo-train] method={method} env={config.environment} tasks={len(dataset)} model={model_path}", flush=True)
+    say(f"method={method} env={config.environment} tasks={len(dataset)} model={model_path}")
     return method_classes(method)[1](
         model=model_path,
         args=config,
@@ -212,11 +235,7 @@ def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: An
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(model_path))
     tokenizer.padding_side = "right"  # training pads on the right
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
-    print(
-        f"[taspo-train] method=sft env={config.environment} tasks={len(rows)} demonstration turns={len(dataset)} "
-        f"model={model_path}",
-        flush=True,
-    )
+    say(f"method=sft env={config.environment} tasks={len(rows)} demonstration turns={len(dataset)} model={model_path}")
     return AgentSFTTrainer(
         model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks,
@@ -231,7 +250,7 @@ def train_main(argv: list[str] | None = None) -> None:
     try:
         trainer = build_trainer(argv, callbacks=[ProgressPrinter()])
     except RunAlreadyFinished as finished:  # a re-queued finished job: exit 0, and leave its output alone
-        print(f"[taspo-train] {finished}", flush=True)
+        say(str(finished))
         return
     except SETUP_ERRORS as error:
         fail(error)
@@ -246,7 +265,7 @@ def train_main(argv: list[str] | None = None) -> None:
     trainer.create_model_card(model_name=model_card_name(trainer.args))
     if trainer.args.push_to_hub:
         trainer.push_to_hub()
-    print(f"[taspo-train] done; model saved to {os.path.abspath(trainer.args.output_dir)}", flush=True)
+    say(f"done; model saved to {os.path.abspath(trainer.args.output_dir)}")
 
 
 if __name__ == "__main__":

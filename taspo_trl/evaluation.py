@@ -398,13 +398,14 @@ def evaluate_rows(
 
 def _split_rows(split: str, args: EvalArguments, script_args: Any) -> list[dict[str, Any]]:
     from .envs import build_task_rows
+    from .script_args import with_env_kwargs
 
     settings = asdict(script_args)
     if args.environment == "alfworld":
         settings.update(games_dir=str(Path(args.games_root) / split), games_split=split)
     else:
         settings.update(task_split=split)
-    return build_task_rows(args.environment, settings, args.max_turns)
+    return with_env_kwargs(build_task_rows(args.environment, settings, args.max_turns), script_args.env_kwargs)
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,12 @@ class AgentScriptArguments:
         max_tasks (`int` or `None`): use at most this many tasks (after sorting, for reproducibility).
         env_module (`str` or `None`): a module to import first, whose import registers your environments
             (`taspo_trl.envs.register_env`), e.g. `my_envs`; it must be importable (installed or on `PYTHONPATH`).
+        env_kwargs (`dict` or `None`): settings merged into every task spec, so the environment factory receives
+            them (a JSON object on the command line, a mapping in YAML): your environment's own keys, or a built-in
+            one's (`{"max_turns": 20}`).
+        reward_funcs (`list[str]` or `None`): reward functions added to the environment's verified reward, as in
+            `trl grpo`: a name from `trl.rewards` (`think_format_reward`) or a dotted path `module.function`
+            importable from the working directory; `taspo-train` only.
         overwrite_output_dir (`bool`, defaults to `False`): `taspo-train` refuses an `output_dir` that already
             holds `checkpoint-*` folders unless the run resumes (`--resume_from_checkpoint`) or this is set.
     """
@@ -57,8 +65,23 @@ class AgentScriptArguments:
         default=False, metadata={"help": "Train into an output_dir that already holds checkpoints, replacing them."}
     )
     env_module: str | None = field(default=None, metadata={"help": "Module that registers your environments."})
+    env_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Settings for every task's environment (a JSON object), merged into its task spec."}
+    )
+    reward_funcs: list[str] | None = field(
+        default=None, metadata={"help": "Reward functions added to the environment's reward: TRL reward names or module.function."}
+    )
 
     def __post_init__(self) -> None:
+        if isinstance(self.env_kwargs, str):  # the command line passes the JSON text
+            try:
+                self.env_kwargs = json.loads(self.env_kwargs)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"env_kwargs must be a JSON object, e.g. '{{\"max_turns\": 20}}': {error}") from None
+        if self.env_kwargs is not None and not isinstance(self.env_kwargs, dict):
+            raise ValueError(f"env_kwargs must be a mapping of task settings, got {self.env_kwargs!r}")
+        if self.env_kwargs and "prompt" in self.env_kwargs:
+            raise ValueError("env_kwargs can't set 'prompt': it holds the task itself; name your setting otherwise")
         # A count below 1 would select no task at all (games_per_type 0 generates none) or, through a negative
         # slice, silently drop tasks from the end (max_tasks -1 keeps all but the last).
         for name in ("games_per_type", "max_tasks", "retrieval_topk"):
@@ -145,6 +168,39 @@ def one_line_errors(program: str, argv: list[str]) -> tuple[list[str], Callable[
 
 SETUP_ERRORS = (ValueError, OSError, ImportError, KeyError)
 """What a setup step raises on bad input; `one_line_errors` reports these in one line."""
+
+
+def with_env_kwargs(rows: list[dict[str, Any]], env_kwargs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """``rows`` with ``env_kwargs`` as columns of each, which ``task_spec_from_row`` merges over its task spec."""
+    return [{**row, **env_kwargs} for row in rows] if env_kwargs else rows
+
+
+def resolve_reward_funcs(names: list[str] | None) -> list[Callable[..., Any]]:
+    """The reward functions ``--reward_funcs`` names, as ``trl grpo`` finds them: a function of ``trl.rewards`` by
+    name, or ``module.function`` imported from the working directory or the installed packages."""
+    functions = []
+    for name in names or []:
+        module_name, _, attribute = name.rpartition(".")
+        if not module_name:
+            import trl.rewards
+
+            if not callable(getattr(trl.rewards, name, None)):
+                known = sorted(n for n in dir(trl.rewards) if n.endswith("_reward"))
+                raise ValueError(f"reward function {name!r} is not in trl.rewards ({', '.join(known)}); give "
+                                 "module.function for your own")
+            functions.append(getattr(trl.rewards, name))
+            continue
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # as `trl grpo`: a reward module beside the recipe imports
+        try:
+            function = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"reward function {name!r}: {error}; the module must be importable (installed, or in "
+                             "the working directory) and define the function") from None
+        if not callable(function):
+            raise ValueError(f"reward function {name!r} is not callable")
+        functions.append(function)
+    return functions
 
 
 def import_env_module(name: str | None, program: str) -> None:

@@ -223,3 +223,47 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path, games_dir, tiny_mode
     assert any(straight[3][1])  # step 3 has PI: the comparison is not between empty lists
     for name, tensor in straight_weights.items():
         assert torch.equal(resumed_weights[name], tensor), name
+
+
+def test_reward_funcs_and_env_kwargs_from_the_command_line(tmp_path, games_dir, tiny_model_dir, monkeypatch):
+    """As `trl grpo`: `--reward_funcs` takes a TRL reward by name and your own as module.function (imported from the
+    working directory); they add to the environment's verified reward. `--env_kwargs` reaches every task spec."""
+    (tmp_path / "my_rewards.py").write_text("def brevity(completions, num_turns, **kwargs):\n"
+                                            "    return [-float(n) for n in num_turns]\n")
+    monkeypatch.chdir(tmp_path)
+    argv = _argv("alfworld_grpo_cpu", tmp_path / "out", games_dir, "--reward_funcs", "my_rewards.brevity",
+                 "think_format_reward", "--env_kwargs", '{"max_turns": 1, "room": "kitchen"}')
+    trainer = build_trainer(argv, model_override=tiny_model_dir)
+    try:
+        assert trainer.reward_func_names == ["brevity", "think_format_reward", "environment_reward"]
+        specs = [grpo_module.task_spec_from_row(row) for row in trainer.train_dataset]
+        assert {(spec["max_turns"], spec["room"]) for spec in specs} == {(1, "kitchen")}
+    finally:
+        trainer.close()
+    for bad, problem in ((["--reward_funcs", "no_such_reward"], "is not in trl.rewards"),
+                         (["--reward_funcs", "my_rewards.missing"], "has no attribute 'missing'"),
+                         (["--env_kwargs", "[1, 2]"], "env_kwargs must be a mapping")):
+        with pytest.raises(SystemExit) as stopped:
+            train_main(_argv("alfworld_grpo_cpu", tmp_path / "bad", games_dir, "--model_name_or_path", tiny_model_dir,
+                             *bad))
+        assert problem in str(stopped.value) and "\n" not in str(stopped.value)
+
+
+def test_help_starts_with_a_description_and_the_recipe_usage(capsys):
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    head = capsys.readouterr().out.splitlines()[:12]
+    assert head[0] == "usage: taspo-train --config RECIPE [--setting value ...]"
+    assert any("taspo-train --config alfworld_taspo_cpu" in line for line in head)
+    assert any("--method NAME --help" in line for line in head)
+
+
+def test_only_the_main_process_prints_the_run_lines(capsys, monkeypatch):
+    from taspo_trl.cli import say
+
+    monkeypatch.setenv("RANK", "1")
+    say("precision: float32")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    say("precision: float32")
+    assert capsys.readouterr().out == "[taspo-train] precision: float32\n"
