@@ -1,8 +1,10 @@
 """Build-time pieces of the documentation site (mkdocs `hooks:`): the recipe table is generated from the shipped
-recipe files, and the benchmark figures under benchmarks/results/ are published next to the results page."""
+recipe files, the benchmark figures under benchmarks/results/ are published next to the results page, and the API
+reference renders the docstrings' TRL-style markup (`str` types and HF `[ClassName]` references)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -34,3 +36,27 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
     if RECIPE_TABLE in markdown:
         markdown = markdown.replace(RECIPE_TABLE, recipe_table())
     return markdown
+
+
+def _docstring_markup(html: str) -> str:
+    """Outside code blocks: backticked words that mkdocstrings left as text (the parameter types of TRL-style
+    docstrings) become code, and an HF-style reference `[`Name`]` becomes a link to that object's entry on the
+    page (its id is the dotted path ending in Name), or plain code where the page has none."""
+    anchors = {anchor.rsplit(".", 1)[-1]: anchor for anchor in re.findall(r'id="(taspo_trl\.[\w.]+)"', html)}
+
+    def reference(match: re.Match) -> str:
+        name = match.group(1)
+        short = name.rsplit(".", 1)[-1]
+        return f'<a href="#{anchors[short]}"><code>{short}</code></a>' if short in anchors else f"<code>{short}</code>"
+
+    parts = re.split(r"(<pre.*?</pre>)", html, flags=re.S)
+    for i, part in enumerate(parts):
+        if not part.startswith("<pre"):
+            part = re.sub(r"`([^`<>\n]{1,80})`", r"<code>\1</code>", part)
+            parts[i] = re.sub(r"\[<code>~?([A-Za-z_][\w.]*)</code>\]", reference, part)
+    return "".join(parts)
+
+
+def on_page_content(html: str, page, config, files) -> str:  # noqa: ANN001 - mkdocs' hook signature
+    return _docstring_markup(html) if page.file.src_uri == "api.md" else html
+

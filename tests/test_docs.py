@@ -50,6 +50,12 @@ def test_site_builds_offline_in_strict_mode(tmp_path):
     recipes = (tmp_path / "site" / "recipes" / "index.html").read_text(encoding="utf-8")
     assert "recipes/quickstart/alfworld_taspo_cpu.yaml" in recipes  # the table generated from the recipe files
     assert (tmp_path / "site" / "results" / "learning_curve_cpu.png").is_file()
+    api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
+    assert 'id="taspo_trl.privileged.context.PrivilegedContextConfig"' in api  # TASPO's analyzer_*/pi_* fields
+    text = "".join(part for part in re.split(r"<pre.*?</pre>", api, flags=re.S))
+    assert re.findall(r"`[^`<>\n]{1,60}`", text) == []  # no literal backticks left from the docstrings
+    assert re.findall(r"\[<code>\w+</code>\]", text) == []  # HF-style references rendered
+    assert '<a href="#taspo_trl.trainers.grpo.AgentGRPOTrainer"><code>AgentGRPOTrainer</code></a>' in api
 
 
 def test_readme_is_short_and_points_to_the_docs():
