@@ -1,0 +1,72 @@
+"""The README's first command as a new user meets it: wall time, peak memory and the step lines it prints.
+
+Runs ``taspo-train --config <recipe>`` in a subprocess from this checkout, with an empty model cache (its own
+``TASPO_TRL_CACHE``, so the embedded model is converted and the shipped warm start merged on the way, as on a
+fresh machine) and a fresh output folder, and records the wall time of the whole command, the peak resident memory
+of the training process, the precision line and every ``[step ...]`` line.
+
+    python benchmarks/quickstart_time.py                               # the README's TASPO quickstart
+    python benchmarks/quickstart_time.py --recipe alfworld_grpo_cpu --out outputs/quickstart_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from taspo_trl.provenance import provenance, source_commit
+from taspo_trl.recipes import find_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_quickstart(recipe: str, extra: list[str], work: Path) -> dict[str, Any]:
+    """Run the recipe once in ``work`` (cache and outputs there) and return what it printed and cost."""
+    env = {**os.environ, "TASPO_TRL_CACHE": str(work / "cache"), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "taspo_trl.cli", "--config", recipe, "--output_dir", str(work / "run"), *extra]
+    if "games_dir" in (yaml.safe_load(Path(find_recipe(recipe)).read_text()) or {}):
+        command += ["--games_dir", str(work / "games")]  # generated afresh, as on a new machine
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"the quickstart failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    lines = done.stdout.splitlines()
+    return {
+        "seconds": round(seconds, 1),
+        # ru_maxrss of the children is in kilobytes on Linux: the training process's peak
+        "max_rss_gb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024**2, 2),
+        "precision": next((line for line in lines if line.startswith("[taspo-train] precision:")), None),
+        "step_lines": [line for line in lines if line.startswith("[step ")],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default="recipes/quickstart/alfworld_taspo_cpu.yaml")
+    parser.add_argument("--out", default="outputs/quickstart_time.json")
+    args, extra = parser.parse_known_args(argv)
+    commit = source_commit(__file__)
+    with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
+        measured = run_quickstart(args.recipe, extra, Path(tmp))
+    result = {"recipe": args.recipe, "extra_arguments": extra, **measured,
+              "provenance": provenance(argv, __file__, commit=commit)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{measured['seconds']:.0f} s, max RSS {measured['max_rss_gb']:.1f} GB; {measured['precision']}")
+    print("\n".join(measured["step_lines"]))
+    return result
+
+
+if __name__ == "__main__":
+    main()
