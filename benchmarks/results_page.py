@@ -266,6 +266,19 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def quickstart(*results: dict[str, Any]) -> str:
+    """The README's first command from a fresh clone: wall time, peak memory, precision and step lines per run."""
+    lines = ["| command | wall time | max RSS | precision |", "|---|---|---|---|"]
+    for r in results:
+        command = " ".join(["taspo-train --config", r["recipe"], *r["extra_arguments"]])
+        minutes, seconds = divmod(round(r["seconds"]), 60)
+        precision = (r["precision"] or "").removeprefix("[taspo-train] precision: ")
+        lines.append(f"| `{command}` | {minutes} min {seconds:02d} s | {r['max_rss_gb']:.1f} GB | {precision} |")
+    for r in results:
+        lines += ["", "```text", *r["step_lines"], "```"]
+    return "\n".join(lines)
+
+
 def warm_start(*results: dict[str, Any]) -> str:
     """The warm starts' greedy play on unseen games and sampled groups on fresh train games, one row per model."""
     models = [model for result in results for model in result["models"]]
@@ -325,10 +338,13 @@ CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
+CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the shipped 240-game warm start, fresh games, bf16
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval.json")  # the previous warm start, the shipped one
-PI_SPECIFICITY = ("pi_specificity.json",)
+PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")
+QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
+    ("Credit quality with the shipped 240-game warm start", (CREDIT_QUALITY_240,), credit_quality),
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_BF16), credit_replication),
     ("Credit quality under bf16 autocast, every method", (CREDIT_QUALITY_BF16,), credit_quality),
@@ -336,6 +352,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
+    ("The first command from a fresh clone", QUICKSTART, quickstart),
     ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
     ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
@@ -386,6 +403,16 @@ def _summary_pi(*results: dict[str, Any]) -> str:
                      f"{r['gap_share_foreign_quoted']:.2f} under another task's" for r in results)
 
 
+def _summary_quickstart(*results: dict[str, Any]) -> str:
+    rows = []
+    for r in results:
+        minutes, seconds = divmod(round(r["seconds"]), 60)
+        precision = (r["precision"] or "").removeprefix("[taspo-train] precision: ").split(" (")[0]
+        cpu = r["provenance"].get("cpu_model", "a CPU not recorded")
+        rows.append(f"{minutes} min {seconds:02d} s, {r['max_rss_gb']:.1f} GB, {precision} on {cpu}")
+    return "; ".join(rows)
+
+
 def _summary_warm_start(*results: dict[str, Any]) -> str:
     rows = []
     for model in (m for r in results for m in r["models"]):
@@ -397,8 +424,11 @@ def _summary_warm_start(*results: dict[str, Any]) -> str:
 
 
 SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
-    ("Credit quality on ALFWorld (sampled siblings of the warm-started policy): verdict won / failed, from the AUC "
-     "of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
+    ("Credit quality on ALFWorld with the shipped 240-game warm start (sampled siblings on games it never saw, bf16): "
+     "verdict won / failed", (CREDIT_QUALITY_240,), "credit-quality-with-the-shipped-240-game-warm-start",
+     _summary_verdicts),
+    ("Credit quality on ALFWorld with the previous six-game warm start (sampled siblings): verdict won / failed, from "
+     "the AUC of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
      (CREDIT_QUALITY,), "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
     ("Credit quality on ALFWorld replayed in another precision: (method, pool) verdicts that hold",
      (CREDIT_QUALITY, CREDIT_QUALITY_BF16), "credit-quality-do-the-verdicts-replicate", _summary_replication),
@@ -408,6 +438,8 @@ SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
      "credit-quality-on-webshop-every-method", _summary_verdicts),
     ("Learning curve, CPU setting: `eval_unseen` wins", ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
+    ("The first command above from a fresh clone (empty model cache): wall time, peak memory, precision",
+     QUICKSTART, "the-first-command-from-a-fresh-clone", _summary_quickstart),
     ("The embedded warm start on ALFWorld games it never saw: `eval_unseen` wins (95 % interval), and fresh train "
      "games with a win among 4 sampled siblings", WARM_START_EVAL, "the-warm-start-does-it-play-games-it-never-saw",
      _summary_warm_start),
