@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .precision import choose_precision
+from .script_args import mapping_setting
 
 logger = logging.getLogger("taspo_trl")
 
@@ -124,13 +125,8 @@ class EvalArguments:
     prompt_skill_top_k: int = field(default=2, metadata={"help": "Skills per task for prompt_skill_bank."})
 
     def __post_init__(self) -> None:
-        if isinstance(self.generation_kwargs, str):  # the command line passes the JSON text
-            try:
-                self.generation_kwargs = json.loads(self.generation_kwargs)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"generation_kwargs must be a JSON object, e.g. '{{\"no_repeat_ngram_size\": 3}}': {error}") from None
-        if self.generation_kwargs is not None and not isinstance(self.generation_kwargs, dict):
-            raise ValueError(f"generation_kwargs must be a mapping of generation settings, got {self.generation_kwargs!r}.")
+        self.generation_kwargs = mapping_setting("generation_kwargs", self.generation_kwargs,
+                                                 '{"no_repeat_ngram_size": 3}', "generation settings")
         self.top_k = self.top_k or 0  # a recipe's `top_k: null`, as GRPOConfig allows
         rules = {
             "temperature": (self.temperature >= 0, ">= 0 (0 decodes greedily)"),

@@ -73,13 +73,7 @@ class AgentScriptArguments:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.env_kwargs, str):  # the command line passes the JSON text
-            try:
-                self.env_kwargs = json.loads(self.env_kwargs)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"env_kwargs must be a JSON object, e.g. '{{\"max_turns\": 20}}': {error}") from None
-        if self.env_kwargs is not None and not isinstance(self.env_kwargs, dict):
-            raise ValueError(f"env_kwargs must be a mapping of task settings, got {self.env_kwargs!r}")
+        self.env_kwargs = mapping_setting("env_kwargs", self.env_kwargs, '{"max_turns": 20}', "task settings")
         if self.env_kwargs and "prompt" in self.env_kwargs:
             raise ValueError("env_kwargs can't set 'prompt': it holds the task itself; name your setting otherwise")
         # A count below 1 would select no task at all (games_per_type 0 generates none) or, through a negative
@@ -89,6 +83,19 @@ class AgentScriptArguments:
             if value is not None and value < 1:
                 unset = " (or leave it unset for all tasks)" if name == "max_tasks" else ""
                 raise ValueError(f"{name} must be >= 1, got {value}; set --{name} 1 or more{unset}")
+
+
+def mapping_setting(name: str, value: Any, example: str, what: str) -> dict | None:
+    """A mapping setting as given: a dict (YAML, Python), the JSON text of one (the command line), or ``None``;
+    anything else fails in one line naming ``name`` and an ``example``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{name} must be a JSON object, e.g. '{example}': {error}") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{name} must be a mapping of {what}, got {value!r}")
+    return value
 
 
 def resolve_config_argv(argv: list[str], program: str) -> list[str]:

@@ -32,7 +32,7 @@ def test_registered_environment_trains_one_step_and_evaluates_by_name(tmp_path, 
     result = json.loads((tmp_path / "eval" / "lockers_test.json").read_text())
     assert result["env"] == "lockers" and result["num_tasks"] == 3
     assert set(result["groups"]) == {"lockers-test"}  # the split reached the builder as task_split
-    assert (tmp_path / "eval" / "results.md").read_text().startswith("| Method | lockers-test | All |")
+    assert (tmp_path / "eval" / "results.md").read_text().startswith("Success rate (%):\n\n| Method | lockers-test | All |")
 
 
 def test_unknown_environment_lists_the_registered_ones():
