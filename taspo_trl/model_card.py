@@ -68,14 +68,14 @@ def recipe_settings(args: Any) -> dict[str, Any]:
 
 
 def last_metrics(log_history: list[dict[str, Any]]) -> dict[str, float]:
-    """The latest logged value of each training and evaluation metric that says how well the agent does."""
-    wanted = ("success/", "reward", "eval_", "env/turns_mean")
-    latest: dict[str, float] = {}
-    for entry in log_history:
-        for key, value in entry.items():
-            if key.startswith(wanted) and isinstance(value, (int, float)):
-                latest[key] = value
-    return latest
+    """The agent's figures of the last logged training step (success, reward, turns; a family absent from that
+    step is absent here) and of the last evaluation, if any."""
+    last_train = next((entry for entry in reversed(log_history) if "reward" in entry), {})
+    last_eval = next((entry for entry in reversed(log_history) if any(k.startswith("eval_") for k in entry)), {})
+    wanted = ("success/", "reward", "env/turns_mean")
+    figures = {k: v for k, v in last_train.items() if k.startswith(wanted) and isinstance(v, (int, float))}
+    figures.update({k: v for k, v in last_eval.items() if k.startswith("eval_") and isinstance(v, (int, float))})
+    return figures
 
 
 def _trl_base(trainer: Any) -> str:
@@ -134,7 +134,7 @@ def render_model_card(trainer: Any, model_name: str, folder: str, dataset_name: 
         lines.append(f"| `{name}` | `{settings.get(name, getattr(args, name, None))}` |")
     metrics = last_metrics(trainer.state.log_history)
     if metrics:
-        lines += ["", f"## Results (last logged values, step {trainer.state.global_step})", "", "| Metric | Value |",
+        lines += ["", f"## Results (the last logged step of {trainer.state.global_step})", "", "| Metric | Value |",
                   "|---|---|"] + [f"| `{key}` | {value:.4g} |" for key, value in sorted(metrics.items())]
     lines += ["", "## Framework versions", ""] + [
         f"- {package}: {_version(package)}" for package in ("taspo-trl", "trl", "transformers", "torch", "peft")]

@@ -34,7 +34,10 @@ def test_the_recipe_lists_what_the_run_changed_and_not_where_it_wrote(tmp_path: 
     assert "num_generations" not in settings  # left at its default
 
 
-def test_the_results_are_the_last_logged_values() -> None:
-    history = [{"success/all": 0.25, "reward": 0.25, "loss": 0.1, "step": 1},
-               {"success/all": 0.75, "loss": 0.2, "step": 2}, {"eval_success/all": 0.5, "step": 2}]
-    assert last_metrics(history) == {"success/all": 0.75, "reward": 0.25, "eval_success/all": 0.5}
+def test_the_results_are_those_of_the_last_logged_step() -> None:
+    """A family played only at step 1 is not reported as if it were step 2's."""
+    history = [{"success/all": 0.25, "success/look": 1.0, "reward": 0.25, "loss": 0.1, "step": 1},
+               {"success/all": 0.75, "success/cool": 0.5, "reward": 0.75, "loss": 0.2, "step": 2},
+               {"eval_success/all": 0.5, "eval_loss": 0.3, "step": 2}]
+    assert last_metrics(history) == {"success/all": 0.75, "success/cool": 0.5, "reward": 0.75,
+                                     "eval_success/all": 0.5, "eval_loss": 0.3}
