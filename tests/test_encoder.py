@@ -286,3 +286,28 @@ def test_encoders_load_whole_inside_a_zero3_run(tmp_path):
         assert hf_deepspeed.is_deepspeed_zero3_enabled()  # restored after each load
     finally:
         hf_deepspeed.unset_hf_deepspeed_config()
+
+
+def test_a_hub_id_resolves_to_its_snapshot_in_the_local_cache(encoder, tmp_path, monkeypatch):
+    """As `*_name_or_path` settings: `encoder_path: org/name` finds the model in the local Hugging Face cache
+    (laid out as huggingface_hub writes it: refs/main names the snapshot), and a Hub id not there fails in one
+    line saying nothing is downloaded."""
+    import shutil
+
+    from taspo_trl.privileged.encoder import resolve_model_path
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--someone--mini-encoder"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(encoder.model_path, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    assert resolve_model_path("someone/mini-encoder") == (repo / "snapshots" / commit).resolve()
+    texts = ["go to the sinkbasin", "clean the fork"]
+    from_cache = SentenceEncoder(model_path="someone/mini-encoder")
+    torch.testing.assert_close(from_cache.encode(texts), encoder.encode(texts), atol=1e-6, rtol=0)
+    with pytest.raises(FileNotFoundError) as info:
+        resolve_model_path("someone/not-downloaded")
+    assert "nor in the local Hugging Face cache" in str(info.value) and "hf download someone/not-downloaded" in str(info.value)

@@ -124,18 +124,43 @@ def _check_shipped_files(path: Path) -> None:
 
 
 def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
-    """``model_path`` as an absolute existing folder (the embedded default when None)."""
+    """``model_path`` as an absolute existing folder (the embedded default when None). A Hub id
+    (``Qwen/Qwen3-Embedding-0.6B``) that is not a local folder resolves to its snapshot in the local Hugging Face
+    cache, as ``*_name_or_path`` settings do; nothing is downloaded."""
     if model_path is None:
         return default_model_path().resolve()
     path = Path(model_path).expanduser()
+    if not path.exists() and _looks_like_hub_id(str(model_path)):
+        cached = _cached_snapshot(str(model_path))
+        if cached is not None:
+            return cached
+        raise FileNotFoundError(
+            f"Sentence encoder {model_path} is neither a local folder nor in the local Hugging Face cache; nothing "
+            f"is downloaded: fetch it once (hf download {model_path}) or give a local sentence-transformers folder"
+        )
     if not path.exists():
         raise FileNotFoundError(
             f"Sentence encoder folder not found: {path} (expected a local sentence-transformers "
-            "model folder; nothing is downloaded)"
+            "model folder or a Hub id in the local cache; nothing is downloaded)"
         )
     if not path.is_dir():
         raise NotADirectoryError(f"Sentence encoder path is not a folder: {path}")
     return path.resolve()
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith(("/", ".", "~")) and all(name.split("/"))
+
+
+def _cached_snapshot(repo_id: str) -> Path | None:
+    """The folder of ``repo_id``'s snapshot in the local Hugging Face cache, or ``None`` (no network)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True)).resolve()
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
 
 
 def _load_model(path: Path, device: str) -> Any:

@@ -81,8 +81,9 @@ class AlignOPSDConfig(AgentGRPOConfig):
 
     Parameters:
         skill_bank / skill_top_k (`AgentGRPOConfig`'s, defaults `"alfworld"` / `2`): the SkillBank of p_x.
-        encoder_path (`str` or `None`): sentence encoder folder; `None` = the packaged all-MiniLM-L6-v2 (the
-            official encoder is Qwen3-Embedding-0.6B).
+        encoder_path (`str` or `None`): sentence encoder folder, or a Hub id found in the local Hugging Face cache
+            (nothing is downloaded); `None` = the packaged all-MiniLM-L6-v2 (the official encoder is
+            Qwen3-Embedding-0.6B).
         similarity_threshold (`float`, defaults to `0.8`): $\tau$, the thinking cosine a source must reach, and
             the best eligible source of a valid profile (launchers: 0.65 to 0.8).
         source_top_k (`int`, defaults to `3`): $k$, sources kept per target turn (one per sibling rollout).
@@ -130,7 +131,7 @@ class AlignOPSDConfig(AgentGRPOConfig):
         turn_balanced_loss: defaults to `False` here: the official loss is the token mean.
     """
 
-    encoder_path: str | None = field(default=None, metadata={"help": "Sentence encoder folder."})
+    encoder_path: str | None = field(default=None, metadata={"help": "Sentence encoder folder or cached Hub id."})
     similarity_threshold: float = field(default=0.8, metadata={"help": "tau: thinking cosine of a source."})
     source_top_k: int = field(default=3, metadata={"help": "k: sources per target turn."})
     aggregation_temperature: float = field(default=0.1, metadata={"help": "Temperature of omega."})
