@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from .envs import build_task_rows
+from .model_card import write_model_card
 from .models import check_model_reference
 from .run_contract import (
     RunAlreadyFinished,
@@ -261,8 +262,9 @@ def train_main(argv: list[str] | None = None) -> None:
             trainer.close()
     trainer.save_model(trainer.args.output_dir)
     trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
-    # README.md naming the method and its paper; TRL writes it only at checkpoints, and a run may save none
-    trainer.create_model_card(model_name=model_card_name(trainer.args))
+    # README.md naming the base model, the method and its paper, for the RL methods and the SFT warm start alike
+    # (TRL writes one only at checkpoints, and a run may save none)
+    write_model_card(trainer, trainer.args.output_dir, model_name=model_card_name(trainer.args))
     if trainer.args.push_to_hub:
         trainer.push_to_hub()
     say(f"done; model saved to {os.path.abspath(trainer.args.output_dir)}")

@@ -236,6 +236,11 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir,
     assert decode(trained).startswith("<think>") and "</think>" in decode(trained)  # the expert's response only
     assert "Your task is" in decode(untrained) or "<|im_start|>user" in decode(untrained)
     assert trainer.train().global_step == 1
+    from taspo_trl.model_card import write_model_card
+
+    write_model_card(trainer, trainer.args.output_dir)  # as taspo-train ends
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    assert "trained with **SFT**" in card and "`SFTTrainer`" in card and "[None]" not in card
 
 
 def test_alfworld_sft_recipe_is_the_builtin_warm_start():
