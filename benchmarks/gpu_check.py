@@ -23,7 +23,6 @@ tokenizer only ever produces ids below its 49,152.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import math
@@ -400,23 +399,13 @@ def _parameter_count(model_dir: Path) -> int:
     return total
 
 
-def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in VERSIONED:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_modes: tuple[str, ...] = DEEPSPEED_MODES) -> dict[str, Any]:
     """Build the model, run the plain mode and each of ``deepspeed_modes`` in its own process, write the JSON report
     to ``out`` and return it."""
     import torch
 
     from taspo_trl.models import resolve_model_path
-    from taspo_trl.provenance import provenance
+    from taspo_trl.provenance import package_versions, provenance
     from taspo_trl.testing import make_tiny_model_dir
 
     started = time.perf_counter()
@@ -444,7 +433,7 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_mode
             "precision": precision,
             "steps": steps,
             "model": {**shape, "parameters": _parameter_count(Path(model_dir))},
-            "versions": _versions(),
+            "versions": package_versions(VERSIONED),
             "modes": modes,
             "provenance": provenance(None, __file__),
         }

@@ -266,14 +266,19 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _wall_and_precision(run: dict[str, Any]) -> tuple[str, str]:
+    """A quickstart run's wall time as minutes and seconds, and its precision line without the prefix."""
+    minutes, seconds = divmod(round(run["seconds"]), 60)
+    return f"{minutes} min {seconds:02d} s", (run["precision"] or "").removeprefix("[taspo-train] precision: ")
+
+
 def quickstart(*results: dict[str, Any]) -> str:
     """The README's first command from a fresh clone: wall time, peak memory, precision and step lines per run."""
     lines = ["| command | wall time | max RSS | precision |", "|---|---|---|---|"]
     for r in results:
         command = " ".join(["taspo-train --config", r["recipe"], *r["extra_arguments"]])
-        minutes, seconds = divmod(round(r["seconds"]), 60)
-        precision = (r["precision"] or "").removeprefix("[taspo-train] precision: ")
-        lines.append(f"| `{command}` | {minutes} min {seconds:02d} s | {r['max_rss_gb']:.1f} GB | {precision} |")
+        wall, precision = _wall_and_precision(r)
+        lines.append(f"| `{command}` | {wall} | {r['max_rss_gb']:.1f} GB | {precision} |")
     for r in results:
         lines += ["", "```text", *r["step_lines"], "```"]
     return "\n".join(lines)
@@ -406,10 +411,9 @@ def _summary_pi(*results: dict[str, Any]) -> str:
 def _summary_quickstart(*results: dict[str, Any]) -> str:
     rows = []
     for r in results:
-        minutes, seconds = divmod(round(r["seconds"]), 60)
-        precision = (r["precision"] or "").removeprefix("[taspo-train] precision: ").split(" (")[0]
+        wall, precision = _wall_and_precision(r)
         cpu = r["provenance"].get("cpu_model", "a CPU not recorded")
-        rows.append(f"{minutes} min {seconds:02d} s, {r['max_rss_gb']:.1f} GB, {precision} on {cpu}")
+        rows.append(f"{wall}, {r['max_rss_gb']:.1f} GB, {precision.split(' (')[0]} on {cpu}")
     return "; ".join(rows)
 
 

@@ -147,8 +147,7 @@ def build_trainer(
     }
     rows = with_env_kwargs(build_task_rows(config.environment, asdict(script_args), config.max_turns),
                            script_args.env_kwargs)
-    given_rewards = [*(reward_funcs or []), *resolve_reward_funcs(script_args.reward_funcs)]
-    reward_funcs = given_rewards or None
+    reward_funcs = [*(reward_funcs or []), *resolve_reward_funcs(script_args.reward_funcs)]
     if method != "sft":  # before the model is resolved: a warm start that is not built yet takes minutes
         check_generation_batch(config, len(rows))
     model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does

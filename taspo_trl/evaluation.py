@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .precision import choose_precision
+from .provenance import package_versions
 from .script_args import mapping_setting
 
 logger = logging.getLogger("taspo_trl")
@@ -460,7 +461,7 @@ def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | Non
             "seed": args.seed,
             "temperature": args.temperature,
             "settings": {name: getattr(args, name) for name in _RECORDED_SETTINGS},
-            "versions": package_versions(),
+            "versions": package_versions(("taspo-trl", "trl", "transformers", "torch")),
             **summarize(trajectories),
         }
         path = out_dir / f"{args.environment}_{split}.json"
@@ -484,19 +485,6 @@ _RECORDED_SETTINGS = (
     "top_k", "min_p", "repetition_penalty", "generation_kwargs", "seed", "bf16", "dtype", "use_vllm",
     "prompt_skill_bank", "prompt_skill_top_k",
 )
-
-
-def package_versions() -> dict[str, str | None]:
-    """The versions of taspo-trl and the libraries that decide how an episode is played."""
-    import importlib.metadata
-
-    versions = {}
-    for name in ("taspo-trl", "trl", "transformers", "torch"):
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
 
 
 def episode_record(trajectory: Any) -> dict[str, Any]:

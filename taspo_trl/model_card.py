@@ -10,7 +10,6 @@ trained agent on its environment.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from .models import EMBEDDED_HUB_ID, embedded_model_dir, is_embedded
+from .provenance import package_versions
 
 # Settings every card lists when set: the run length and the sampling, as a reader of a results table asks for them.
 _HEADLINE_SETTINGS = (
@@ -83,13 +83,6 @@ def _trl_base(trainer: Any) -> str:
     return next((cls.__name__ for cls in type(trainer).__mro__ if cls.__module__.startswith("trl.")), "Trainer")
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def render_model_card(trainer: Any, model_name: str, folder: str, dataset_name: str | None = None,
                       tags: list[str] | None = None) -> ModelCard:
     """The card of the model that ``trainer`` saved to ``folder``, named ``model_name``."""
@@ -136,8 +129,9 @@ def render_model_card(trainer: Any, model_name: str, folder: str, dataset_name: 
     if metrics:
         lines += ["", f"## Results (the last logged step of {trainer.state.global_step})", "", "| Metric | Value |",
                   "|---|---|"] + [f"| `{key}` | {value:.4g} |" for key, value in sorted(metrics.items())]
+    versions = package_versions(("taspo-trl", "trl", "transformers", "torch", "peft"))
     lines += ["", "## Framework versions", ""] + [
-        f"- {package}: {_version(package)}" for package in ("taspo-trl", "trl", "transformers", "torch", "peft")]
+        f"- {package}: {version or 'not installed'}" for package, version in versions.items()]
     citation = paper.get("citation")
     lines += ["", "## Citations", ""]
     if citation:

@@ -118,10 +118,8 @@ def check_model_reference(name_or_path: str) -> None:
         return
     path = Path(name).expanduser()
     if path.is_dir():
-        if is_adapter_folder(name):
-            _check_adapter_folder(name, path)
-            return
-        if not (path / "config.json").is_file():
+        adapter = is_adapter_folder(name)
+        if not adapter and not (path / "config.json").is_file():
             raise FileNotFoundError(
                 f"model {name!r} is a folder with neither config.json nor adapter_config.json; give a folder saved "
                 "with save_pretrained (a trainer's output_dir or checkpoint-N, LoRA adapters included), a Hugging "
@@ -130,6 +128,8 @@ def check_model_reference(name_or_path: str) -> None:
         if problem := structural_problem(path):  # the header only: a cut-off file fails here, not deep in the load
             raise OSError(f"model {name!r}: {problem}; save it again with save_pretrained (or copy it again), or "
                           "give another checkpoint")
+        if adapter:
+            _check_adapter_base(name, path)
         return
     if path.exists():
         raise FileNotFoundError(f"model {name!r} is a file; give the folder that holds the model's config.json")
@@ -140,11 +140,8 @@ def check_model_reference(name_or_path: str) -> None:
         )
 
 
-def _check_adapter_folder(name: str, path: Path) -> None:
-    """An adapter folder loads where its weights' headers are whole, its JSON parses and its base model loads."""
-    if problem := structural_problem(path):
-        raise OSError(f"model {name!r}: {problem}; save it again with save_pretrained (or copy it again), or "
-                      "give another checkpoint")
+def _check_adapter_base(name: str, path: Path) -> None:
+    """An adapter folder (its files whole) loads where its config names a base model that loads."""
     base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base:
         raise FileNotFoundError(f"model {name!r} is a LoRA adapter without base_model_name_or_path in its "
@@ -355,12 +352,16 @@ def merged_adapter_model(adapter_dir: str) -> str:
     for path in sorted(source.glob("adapter_*")):
         digest.update(path.name.encode() + path.read_bytes())
     target = cache_root() / "models" / "adapters" / f"{source.name}-{digest.hexdigest()[:12]}"
-    if (target / "config.json").is_file() and adopt_or_check(target) is None:
+
+    def merged() -> bool:
+        return (target / "config.json").is_file() and adopt_or_check(target) is None
+
+    if merged():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of one launch: one merges, the others wait and reuse it
-        if (target / "config.json").is_file() and adopt_or_check(target) is None:
+        if merged():  # checked again under the lock
             return str(target)
         print(f"taspo_trl: merging the LoRA adapter {source} into its base model {base} (once, in {target})",
               file=sys.stderr, flush=True)

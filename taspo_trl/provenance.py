@@ -4,6 +4,7 @@ result's JSON next to the figures, so the documentation's results page states th
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,17 @@ from typing import Any
 
 # The CPU features that decide how fast float32 and bf16 autocast run (see docs/troubleshooting.md).
 PRECISION_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """The installed version of each distribution in ``names`` (``None`` where it is not installed)."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def _cpu(cpuinfo: str) -> tuple[str, list[str]]:

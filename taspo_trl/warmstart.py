@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from .models import (
     resolve_model_path,
 )
 from .precision import Precision, choose_precision
+from .provenance import package_versions
 
 _FINGERPRINT_FILE = "warm_start.json"
 _ADAPTER_FILE = "adapter_model.safetensors"
@@ -212,13 +212,7 @@ def build_environment(bf16: bool) -> dict[str, object]:
     """The library versions, precision and thread count a build ran with (its ``built_with`` record)."""
     import torch
 
-    versions = {}
-    for name in _VERSIONED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return {"versions": versions, "bf16": bf16, "torch_threads": torch.get_num_threads()}
+    return {"versions": package_versions(_VERSIONED_PACKAGES), "bf16": bf16, "torch_threads": torch.get_num_threads()}
 
 
 def trained_history_window(model_dir: str) -> int:
