@@ -22,8 +22,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from .checkpoints import (
+    COMPLETE,
+    SaveFailed,
+    final_model_problem,
+    hold_output_dir,
+    save_final_model,
+    with_checkpoint_saving,
+)
 from .envs import build_task_rows
 from .model_card import write_model_card
 from .models import check_model_reference
@@ -40,6 +46,7 @@ from .script_args import (
     AgentScriptArguments,
     check_setting_names,
     import_env_module,
+    load_yaml,
     one_line_errors,
     resolve_config_argv,
     resolve_reward_funcs,
@@ -87,7 +94,7 @@ def _method_from_argv(argv: list[str]) -> str:
     if known.method:
         return known.method
     if known.config:
-        data = yaml.safe_load(Path(known.config).read_text()) or {}
+        data = load_yaml(known.config) or {}
         return str(data.get("method", "grpo"))
     return "grpo"
 
@@ -122,7 +129,12 @@ def build_trainer(
     check_resume_target(config.output_dir, resume)
     finished = finished_run_message(config, resume)
     if finished:
-        raise RunAlreadyFinished(finished)
+        incomplete = final_model_problem(config.output_dir)
+        if incomplete is None:
+            raise RunAlreadyFinished(finished)
+        # a re-queued job whose final save was cut off: save the final model again from the last checkpoint
+        say(f"{finished.split(':')[0]}, but the final model in {config.output_dir} is incomplete ({incomplete}): "
+            "saving it again from that checkpoint", stream=sys.stderr)
     if method == "sft":  # the agent configs and trainers check and note these themselves
         check_run_settings(config)
         for note in run_length_notes(config):
@@ -150,6 +162,8 @@ def build_trainer(
     reward_funcs = [*(reward_funcs or []), *resolve_reward_funcs(script_args.reward_funcs)]
     if method != "sft":  # before the model is resolved: a warm start that is not built yet takes minutes
         check_generation_batch(config, len(rows))
+    # held for the whole process, from before the model loads: a second run on this folder stops here in seconds
+    hold_output_dir(config.output_dir)
     model_path = resolve_policy_path(name, bf16=config.bf16)  # a warm-start build computes as the run does
     if method == "sft":
         return _sft_trainer(rows, config, model_path, get_peft_config(model_args), callbacks)
@@ -183,15 +197,28 @@ def _quantization(model_args: Any) -> Any:
     return get_quantization_config(model_args)
 
 
+_MODEL_FILES = (COMPLETE, "model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin")
+
+
 def check_output_dir(output_dir: str, resume_from_checkpoint: str | None, overwrite: bool) -> None:
-    """Refuse to train into a folder that holds checkpoints unless the run resumes from one or the user allows
-    overwriting: a new run would silently replace them."""
+    """Refuse to train into a folder that holds checkpoints or a saved model unless the run resumes from a
+    checkpoint or the user allows overwriting: a new run would silently replace them (a run with ``save_strategy
+    no`` leaves only its model)."""
+    if resume_from_checkpoint or overwrite:
+        return
     folder = Path(output_dir)
     checkpoints = sorted(p.name for p in folder.glob("checkpoint-*") if p.is_dir()) if folder.is_dir() else []
-    if checkpoints and not resume_from_checkpoint and not overwrite:
+    if checkpoints:
         raise ValueError(
             f"output_dir {output_dir} already holds {', '.join(checkpoints)}; resume with --resume_from_checkpoint "
             "true (or a checkpoint path), pick another --output_dir, or pass --overwrite_output_dir true"
+        )
+    model = [name for name in _MODEL_FILES if (folder / name).is_file()]
+    if model:
+        raise ValueError(
+            f"output_dir {output_dir} already holds a saved model ({model[0]}); a new run would replace it: pick "
+            "another --output_dir, or pass --overwrite_output_dir true"
         )
 
 
@@ -236,10 +263,18 @@ def _sft_trainer(rows: list[dict], config: Any, model_path: str, peft_config: An
     tokenizer.padding_side = "right"  # training pads on the right
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
     say(f"method=sft env={config.environment} tasks={len(rows)} demonstration turns={len(dataset)} model={model_path}")
-    return AgentSFTTrainer(
+    return with_checkpoint_saving(AgentSFTTrainer)(  # complete-marked checkpoints, the lock (sft.py stays as it is)
         model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
         callbacks=callbacks,
     )
+
+
+def _write_final_model(trainer: Any) -> None:
+    trainer.save_model(trainer.args.output_dir)
+    trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
+    # README.md naming the base model, the method and its paper, for the RL methods and the SFT warm start alike
+    # (TRL writes one only at checkpoints, and a run may save none)
+    write_model_card(trainer, trainer.args.output_dir, model_name=model_card_name(trainer.args))
 
 
 def train_main(argv: list[str] | None = None) -> None:
@@ -254,16 +289,22 @@ def train_main(argv: list[str] | None = None) -> None:
         return
     except SETUP_ERRORS as error:
         fail(error)
+    resume = _resume_argument(trainer.args.resume_from_checkpoint)
     try:
-        trainer.train(resume_from_checkpoint=_resume_argument(trainer.args.resume_from_checkpoint))
+        try:  # before the first rollout: free space for a checkpoint, and a checkpoint this run can resume
+            trainer.check_run_start(resume)
+        except SETUP_ERRORS as error:
+            fail(error)
+        trainer.train(resume_from_checkpoint=resume)
+    except SaveFailed as error:  # a full disk: one line naming the folder, the free space and the rerun
+        fail(error)
     finally:
         if hasattr(trainer, "close"):  # the agent trainers' environment workers; SFTTrainer has none
             trainer.close()
-    trainer.save_model(trainer.args.output_dir)
-    trainer.save_state()  # trainer_state.json: the log history `taspo-report curves` reads
-    # README.md naming the base model, the method and its paper, for the RL methods and the SFT warm start alike
-    # (TRL writes one only at checkpoints, and a run may save none)
-    write_model_card(trainer, trainer.args.output_dir, model_name=model_card_name(trainer.args))
+    try:
+        save_final_model(trainer, lambda: _write_final_model(trainer))
+    except SaveFailed as error:
+        fail(error)
     if trainer.args.push_to_hub:
         trainer.push_to_hub()
     say(f"done; model saved to {os.path.abspath(trainer.args.output_dir)}")

@@ -9,8 +9,11 @@ numbers instead of exiting 0 as if it had trained.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger("taspo_trl")
 
 
 class RunAlreadyFinished(Exception):
@@ -44,34 +47,59 @@ def check_generation_batch(args: Any, num_tasks: int) -> None:
     )
 
 
+_REPORTED: set[tuple[str, str]] = set()  # skipped checkpoints already reported by this process
+
+
 def resume_checkpoint(output_dir: str, resume_from_checkpoint: str | bool | None) -> Path | None:
-    """The checkpoint folder a resume would load (``True``: the latest ``checkpoint-N`` of ``output_dir``)."""
+    """The checkpoint folder a resume loads: for ``True``, the newest *complete* ``checkpoint-N`` of ``output_dir``
+    (``checkpoints.save_problem`` tells complete from cut off); each newer one it skips is reported once, with
+    the reason, and left where it is (the resumed run writes over it when it reaches that step). None when there
+    is nothing to resume."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
-    if resume_from_checkpoint is True:
-        folder = Path(output_dir)
-        numbered = [(int(p.name.split("-")[1]), p) for p in folder.glob("checkpoint-*")
-                    if p.is_dir() and p.name.split("-")[1].isdigit()] if folder.is_dir() else []
-        return max(numbered)[1] if numbered else None
-    return Path(resume_from_checkpoint)
+    if resume_from_checkpoint is not True:
+        return Path(resume_from_checkpoint)
+    from .checkpoints import find_resumable
+
+    checkpoint, skipped = find_resumable(output_dir)
+    for folder, problem in skipped:
+        if (str(folder), problem) not in _REPORTED:
+            _REPORTED.add((str(folder), problem))
+            goes_on = f"resuming from {checkpoint.name}" if checkpoint else "no complete checkpoint: training from step 0"
+            logger.warning(f"skipping {folder}: incomplete ({problem}); {goes_on}. It is left in place, and the run "
+                           f"saves over it when it reaches step {folder.name.split('-')[1]}")
+    return checkpoint
 
 
 def check_resume_target(output_dir: str, resume_from_checkpoint: str | bool | None) -> None:
     """Refuse a resume with nothing to resume from before any work: transformers finds out only in ``train()``,
-    after the games and the model are loaded.
+    after the games and the model are loaded. ``True`` over a folder whose checkpoints are all cut off trains from
+    step 0 (with a warning naming them): that is where the run stands.
 
     Raises:
-        ValueError: ``True`` with no ``checkpoint-N`` in ``output_dir``, or a checkpoint path that is not a folder.
+        ValueError: ``True`` with no ``checkpoint-N`` in ``output_dir``; a checkpoint path that is not a folder, or
+            whose save is incomplete (naming why, and the newest complete one to resume instead).
     """
+    from .checkpoints import checkpoints_newest_first, find_resumable, save_problem
+
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return
-    if resume_from_checkpoint is True and resume_checkpoint(output_dir, True) is None:
-        raise ValueError(
-            f"resume_from_checkpoint true, but output_dir {output_dir} holds no checkpoint-N folder to resume from; "
-            "drop --resume_from_checkpoint to start the run, or point --output_dir at the run to resume"
-        )
-    if resume_from_checkpoint is not True and not Path(resume_from_checkpoint).is_dir():
+    if resume_from_checkpoint is True:
+        if not checkpoints_newest_first(output_dir):
+            raise ValueError(
+                f"resume_from_checkpoint true, but output_dir {output_dir} holds no checkpoint-N folder to resume "
+                "from; drop --resume_from_checkpoint to start the run, or point --output_dir at the run to resume"
+            )
+        return
+    folder = Path(resume_from_checkpoint)
+    if not folder.is_dir():
         raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: no such checkpoint folder")
+    problem = save_problem(folder)
+    if problem is not None:
+        newest, _ = find_resumable(folder.parent)
+        instead = f"resume from {newest}" if newest else "start the run again without --resume_from_checkpoint"
+        raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint} is incomplete ({problem}); {instead}, "
+                         "or --resume_from_checkpoint true for the newest complete checkpoint")
 
 
 def finished_run_message(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:

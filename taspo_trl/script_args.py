@@ -117,9 +117,36 @@ def resolve_config_argv(argv: list[str], program: str) -> list[str]:
     return [*argv[:at], str(path), *argv[at + 1 :]]
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping names one key twice (plain YAML loading keeps the last silently)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, naming the key and both lines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(f"key {key!r} appears twice (lines {seen[key]} and {line}); YAML would keep "
+                                        "only the last, so remove the one you did not mean")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(path: str | Path) -> Any:
+    """``yaml.safe_load`` of the file at ``path``, refusing a key given twice in one mapping
+    (``DuplicateKeyError``)."""
+    return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+
+
 def _check_recipe_shape(path: Path, program: str) -> None:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path)
+    except DuplicateKeyError as error:
+        raise SystemExit(f"{program}: --config {path}: {error}.") from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         problem = " ".join(str(error).split())
         raise SystemExit(f"{program}: --config {path}: not valid YAML ({problem}).") from None
@@ -143,7 +170,7 @@ def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True)
     flags = [option for action in parser._actions for option in action.option_strings]
     if check_recipe and "--config" in argv[:-1]:
         path = argv[argv.index("--config") + 1]
-        recipe = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        recipe = load_yaml(path) or {}
         for key in recipe:
             if key != "env" and key not in fields:  # `env:` is TRL's block of environment variables
                 raise ValueError(f"--config {path}: unknown setting {key!r}{_closest(str(key), fields)}")

@@ -32,11 +32,10 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers.trainer_callback import TrainerState
-from transformers.trainer_utils import TrainOutput
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import pad, use_adapter
 
+from ..checkpoints import CheckpointSaving
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
 from ..envs import EnvFactory, PromptTemplate, check_task_rows, get_env_factory, task_spec_from_row
@@ -61,8 +60,6 @@ from ..rollout.records import Trajectory
 from ..run_contract import (
     check_generation_batch,
     check_run_settings,
-    finished_run_message,
-    resume_checkpoint,
     run_length_notes,
 )
 from .packing import merge, micro_batch_sizes, repack
@@ -303,7 +300,7 @@ def environment_reward(completions: list, env_reward: list[float], **kwargs: Any
     return [float(r) for r in env_reward]
 
 
-class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
+class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
     """`trl.GRPOTrainer` for multi-turn agents; called exactly like it, plus an optional `env_factory`.
 
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
@@ -370,20 +367,6 @@ class AgentGRPOTrainer(AgentModelCard, GRPOTrainer):
         self._env_error_streak = 0
         self.last_step = LastStep()  # the latest step's record, for inspection (notebooks, tests)
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
-
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainOutput:
-        """`Trainer.train`, except that resuming from a checkpoint at or past the budget (`max_steps`, or the
-        epochs) trains nothing: it says so, loads that checkpoint's weights and state (so `save_model` saves the
-        finished model) and returns at once, where transformers would train one step more."""
-        finished = finished_run_message(self.args, resume_from_checkpoint)
-        if finished is None:
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        logger.warning(finished)
-        checkpoint = resume_checkpoint(self.args.output_dir, resume_from_checkpoint)
-        self.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
-        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):  # those load weights inside the training loop
-            self._load_from_checkpoint(str(checkpoint))
-        return TrainOutput(self.state.global_step, float("nan"), {})
 
     def _get_train_sampler(self, dataset: Any = None) -> EpochReplaySampler:
         # TRL's sampler, with the per-epoch shuffle that resume_from_checkpoint needs (see sampling.py)
