@@ -16,7 +16,7 @@ Mechanism 1 (for each target turn):
     structural_eligibility      B: same task, another rollout, non-empty thinking on both sides
     select_sources              threshold, one source per sibling rollout, global top-k
     action_consistent_sources   teacher action at the source vs student action at the target (filter after top-k)
-    source_weights              omega = softmax(s / aggregation temperature)
+    source_log_weights          log omega = log_softmax(s / aggregation temperature); source_weights: omega
     correspondence_confidence   rho = sum omega * clamp((s - tau) / (1 - tau), 0, 1)
     correction_strength         alpha = clamp(alpha_max * rho, 0, alpha_max)
     cross_teacher_logprobs      log sum omega p_k (probability mixture) or sum omega log p_k (log mean)
@@ -62,6 +62,7 @@ __all__ = [
     "select_sources",
     "webshop_actions_agree",
     "action_consistent_sources",
+    "source_log_weights",
     "source_weights",
     "correspondence_confidence",
     "correction_strength",
@@ -211,13 +212,22 @@ def action_consistent_sources(
     return [tuple(s for s in sources if keep(s, target)) for target, sources in enumerate(selected)]
 
 
-def source_weights(similarities: TensorLike, temperature: float = 0.1) -> torch.Tensor:
-    """omega = softmax(s / temperature) over a target's kept sources (official ``combine_cross_teacher_scores``,
-    ``aggregation_temperature`` 0.10). An empty input gives an empty tensor."""
+def source_log_weights(similarities: TensorLike, temperature: float = 0.1) -> torch.Tensor:
+    """log omega = log_softmax(s / temperature) over a target's kept sources (official
+    ``combine_cross_teacher_scores``, ``aggregation_temperature`` 0.10, which mixes the sources in log space).
+    Finite for every source at any temperature: at 1e-5 a similarity 0.01 below the best gives log omega = -1000,
+    where exp would underflow to 0. An empty input gives an empty tensor."""
     s = _vec(similarities, "similarities")
     if s.numel() == 0:
         return s.clone()
-    return torch.softmax(s / _positive(temperature, "aggregation temperature"), dim=0)
+    return torch.log_softmax(s / _positive(temperature, "aggregation temperature"), dim=0)
+
+
+def source_weights(similarities: TensorLike, temperature: float = 0.1) -> torch.Tensor:
+    """omega = exp(``source_log_weights``) = softmax(s / temperature) over a target's kept sources (official
+    ``combine_cross_teacher_scores``: the weights of rho and of the log-mean mixture). An empty input gives an
+    empty tensor."""
+    return source_log_weights(similarities, temperature).exp()
 
 
 def correspondence_confidence(similarities: TensorLike, weights: TensorLike, threshold: float = 0.7) -> float:
@@ -240,13 +250,18 @@ def correction_strength(confidence: float, alpha_max: float = 0.8) -> float:
 
 
 def cross_teacher_logprobs(
-    source_logprobs: torch.Tensor, weights: TensorLike, mode: str = "probability_mixture"
+    source_logprobs: torch.Tensor,
+    weights: TensorLike,
+    mode: str = "probability_mixture",
+    log_weights: TensorLike | None = None,
 ) -> torch.Tensor:
     """The cross-teacher score of the target's response tokens from its k sources (official
     ``combine_cross_teacher_scores``): ``source_logprobs`` [k, L] holds log p_k(y_r), the target's response under
     source k's privileged context.
 
-    ``"probability_mixture"`` (official default): log sum_k omega_k p_k(y_r), computed as a log-sum-exp.
+    ``"probability_mixture"`` (official default): log sum_k omega_k p_k(y_r) = logsumexp_k(log omega_k + log p_k),
+    with ``log_weights`` (``source_log_weights``) when given, as the official code mixes; otherwise log(omega),
+    which is -inf wherever a weight underflowed to 0.
     ``"log_mean"`` (the Search-3B profile): sum_k omega_k log p_k(y_r).
     """
     if mode not in AGGREGATION_MODES:
@@ -257,7 +272,10 @@ def cross_teacher_logprobs(
         raise ValueError(f"source_logprobs must be [k, L] with k = {w.numel()} >= 1, got {tuple(scores.shape)}")
     if mode == "log_mean":
         return (w[:, None] * scores).sum(dim=0)
-    return torch.logsumexp(torch.log(w)[:, None] + scores, dim=0)
+    log_w = torch.log(w) if log_weights is None else _vec(log_weights, "log_weights")
+    if log_w.shape != w.shape:
+        raise ValueError(f"log_weights must have the shape of weights {tuple(w.shape)}, got {tuple(log_w.shape)}")
+    return torch.logsumexp(log_w[:, None] + scores, dim=0)
 
 
 def corrected_token_gap(

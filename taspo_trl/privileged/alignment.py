@@ -25,7 +25,7 @@ from ..credit.alignopsd import (
 from ..rollout.chat import ChatFormat
 from ..rollout.records import Trajectory
 from .rescoring import privileged_prompt_ids
-from .skillbank import SkillBank
+from .skillbank import SKILLS_FOOTER, SKILLS_HEADER, SkillBank
 
 _THINK = re.compile(r"<think\b[^>]*>(.*?)</think\s*>", re.IGNORECASE | re.DOTALL)
 # The official parser's action blocks, tried in this order: ALFWorld/WebShop actions, Search-QA queries, answers.
@@ -43,10 +43,21 @@ def parse_response(text: str) -> tuple[str, str]:
     return (think.group(1).strip() if think else ""), (action.group(1).strip() if action else "")
 
 
+# The teacher's privileged block when retrieval gives no skill (k = 0, an empty bank, none for the task type): the
+# official ``build_teacher_batch`` always builds the teacher prompt, with an empty skill text under its header.
+NO_SKILLS = f"{SKILLS_HEADER}\n{SKILLS_FOOTER}"
+
+
 def skill_contexts(skill_bank: SkillBank, trajectories: Sequence[Trajectory], top_k: int) -> list[str]:
     """p_x of every trajectory: the top-k SkillBank skills of its task rendered as one block ("" when none)."""
     skills = skill_bank.retrieve_batch([t.task for t in trajectories], top_k, [t.task_type for t in trajectories])
     return [skill_bank.render(s) if s else "" for s in skills]
+
+
+def teacher_contexts(contexts: Sequence[str]) -> list[str]:
+    """The teacher's privileged block of every trajectory: its skills, or ``NO_SKILLS`` where it has none, so
+    every trajectory has a teacher, as in the official trainer."""
+    return [context or NO_SKILLS for context in contexts]
 
 
 def teacher_prompts(

@@ -57,21 +57,27 @@ METHOD_TITLES = {
 # AlignOPSD's six official profiles: the values examples/beyond_timestamps_trainer/run_<benchmark>_<size>.sh of
 # mingju-c/Align-OPSD sets (beyond what PAPER_ENVS already holds). Shared by all six: eight rollouts, lr 1e-6,
 # token-mean loss, 512 response tokens, 150 steps, profile temperature 0.1, JSD, quantile 0.8 clipped to
-# [0.01, 0.10], spans of 2-8 turns, mixing 0.5 on the box [0, 4], aggregation temperature 0.1.
+# [0.01, 0.10], spans of 2-8 turns, mixing 0.5 on the box [0, 4], aggregation temperature 0.1. `reward_scale`: what
+# the launcher's environment pays for a win (verl-agent's ALFWorld and the official WebShop envs.py: 10; the
+# Search-R1 environment: the exact match, 1).
 ALIGNOPSD_PROFILES = {
     ("alfworld", "3b"): dict(threshold=0.65, top_k=2, alpha_max=0.8, mode="probability_mixture", credit=0.5,
-                             scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=True),
+                             scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=True,
+                             reward_scale=10.0),
     ("alfworld", "7b"): dict(threshold=0.8, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.5,
-                             scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False),
+                             scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False,
+                             reward_scale=10.0),
     ("webshop", "3b"): dict(threshold=0.8, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.2,
-                            scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=False),
+                            scope="turn", action_filter=True, invalid=0.1, teacher=2048, sdar=False, reward_scale=10.0),
     ("webshop", "7b"): dict(threshold=0.8, top_k=2, alpha_max=0.8, mode="probability_mixture", credit=0.5,
-                            scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False),
+                            scope="turn", action_filter=False, invalid=0.1, teacher=2048, sdar=False,
+                            reward_scale=10.0),
     # Search-3B leaves the teacher budget null: the rollout's 512 response tokens.
     ("search", "3b"): dict(threshold=0.7, top_k=3, alpha_max=0.2, mode="log_mean", credit=1.0,
-                           scope="trajectory", action_filter=False, invalid=0.01, teacher=None, sdar=False),
+                           scope="trajectory", action_filter=False, invalid=0.01, teacher=None, sdar=False,
+                           reward_scale=1.0),
     ("search", "7b"): dict(threshold=0.7, top_k=3, alpha_max=0.8, mode="probability_mixture", credit=0.5,
-                           scope="turn", action_filter=False, invalid=0.01, teacher=2048, sdar=False),
+                           scope="turn", action_filter=False, invalid=0.01, teacher=2048, sdar=False, reward_scale=1.0),
 }
 
 
@@ -82,6 +88,11 @@ def alignopsd_block(env: str, model_key: str, cpu: bool) -> list[str]:
     p = ALIGNOPSD_PROFILES[(env, size)]
     where = f"run_{env}_{size}.sh" if model_key in ("qwen2.5-3b", "qwen2.5-7b") else f"run_{env}_3b.sh (the nearest size)"
     official = "null" if p["teacher"] is None else p["teacher"]
+    if cpu and env == "webshop":
+        # A 135M policy rarely buys the exact item: the graded score keeps groups moving on a CPU.
+        outcome = "outcome_reward: env  # CPU: the graded purchase score (official: win, 10 on a win, 0 otherwise)"
+    else:
+        outcome = "outcome_reward: win  # 1 on a win, 0 otherwise, times reward_scale, as the official environments pay"
     if cpu:
         teacher = f"teacher_max_new_tokens: null  # CPU: the rollout's budget, max_completion_length (official: {official})"
     elif p["teacher"] is None:
@@ -100,7 +111,10 @@ def alignopsd_block(env: str, model_key: str, cpu: bool) -> list[str]:
         "segmentation_threshold_min: 0.01", "segmentation_threshold_max: 0.1", "span_min_turns: 2", "span_max_turns: 8",
         f"credit_temperature: {p['credit']}", "mixing_coefficient: 0.5", "density_upper_bound: 4.0",
         "weighting_mode: legacy", f"grpo_normalization_scope: {p['scope']}", "advantage_epsilon: 1.0e-6",
-        f"invalid_action_coef: {p['invalid']}", "ablation: E",
+        f"invalid_action_coef: {p['invalid']}",
+        f"reward_scale: {p['reward_scale']}  # the launcher's environment pays {p['reward_scale']:g} for a win",
+        outcome, "span_threshold_scope: batch  # the threshold pools every group's distances, moving or not",
+        "ablation: E",
     ]
     if env in ("alfworld", "webshop") and not cpu:
         lines.append("# The launcher validates with sampling at temperature 0.4: taspo-eval ... --temperature 0.4")

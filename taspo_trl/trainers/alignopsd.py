@@ -3,18 +3,22 @@ the authors' trainer runs them (``BeyondTimestampsRayTrainer`` of ``mingju-c/Ali
 differs from the GRPO baseline. One step:
 
 1. outcome advantages A_i (GRPO over trajectories, or over turn rows: ``grpo_normalization_scope``);
-2. p_x: the top-k SkillBank skills of each task (the teacher's privileged context);
-3. one teacher response per turn, generated under p_x through the rollout backend (vLLM when ``use_vllm``), in the
-   task groups whose credit can move;
+2. p_x: the top-k SkillBank skills of each task (the teacher's privileged context; an empty skill block where
+   retrieval gives none, so every trajectory has a teacher, as in the official trainer);
+3. one teacher response per turn, generated under p_x through the rollout backend (vLLM when ``use_vllm``), in
+   every task group once some group's credit can move (``span_threshold_scope``: the span threshold pools the
+   whole batch), or in none;
 4. per group: H = teacher thinking at the source x student thinking at the target, structural eligibility,
    selection (threshold, one source per sibling, top-k), the optional action filter, the dense profiles and the
    adjacent-profile distances;
 5. per target turn: the diagonal score (its response under its own p_x), the cross scores (its response under
    each selected source's teacher prompt), omega, rho, alpha and the corrected gap against the recomputed old
    log-probs;
-6. spans (batch quantile threshold, strongest-first boundaries, max-length repair), outcome-aligned turn scores,
-   two-level budgets, the box projection and mixing: A_it = A_i w_it;
-7. plus the turn-normalised invalid-action residual;
+6. spans (the quantile threshold over every group's valid distances, strongest-first boundaries, max-length
+   repair; ablation D seeds its random spans with the trajectory's index in (task, rollout) order),
+   outcome-aligned turn scores, two-level budgets, the box projection and mixing: A_it = A_i w_it;
+7. plus the turn-normalised invalid-action residual.
+Steps 1 and 7 read the episode reward as the official environments pay it (``reward_scale``, ``outcome_reward``).
 8. with ``sdar_aux`` (the ALFWorld-3B launcher), plus SDAR's gated term on every token scored under its own p_x.
 The loss is TRL's token-mean ``dapo`` loss.
 """
@@ -48,7 +52,7 @@ from ..credit.alignopsd import (
     invalid_action_residual,
     segment_trajectory,
     segmentation_threshold,
-    source_weights,
+    source_log_weights,
     turn_gap,
 )
 from ..credit.distillation import gradient_equivalent_advantages, sdar_loss
@@ -59,6 +63,7 @@ from ..privileged.alignment import (
     group_correspondence,
     parse_response,
     skill_contexts,
+    teacher_contexts,
     teacher_prompts,
 )
 from ..privileged.encoder import get_encoder
@@ -104,6 +109,14 @@ class AlignOPSDConfig(AgentGRPOConfig):
         segmentation_quantile (`float`, defaults to `0.8`): the batch quantile of the valid distances...
         segmentation_threshold_min / segmentation_threshold_max (`float`, defaults to `0.01` / `0.10`): ...clipped
             to this range; the minimum is also the least distance of a guided max-length split.
+        span_threshold_scope (`str`, defaults to `"batch"`): whose valid distances the span threshold pools.
+            `"batch"` (official: `adaptive_segmentation_threshold` over every canonical turn of the batch): every
+            task group's, whether or not its credit can move, so once any group moves, the groups that cannot
+            also get teacher responses and are encoded and matched (teacher generation and encoder time grow
+            with their share of the batch's turns; a step where no group moves still runs nothing). `"moving"`:
+            only the groups whose credit can move, which skips that work and changes the threshold whenever the
+            other groups' distances would move the quantile. Only the method (`"E"`) and ablation A use the
+            threshold; B, C and D run the teacher for the moving groups only under either setting.
         span_min_turns / span_max_turns (`int`, defaults to `2` / `8`): span length limits
             (`min_segment_turns` / `max_segment_turns`).
         credit_temperature (`float`, defaults to `0.5`): temperature of the two-level budgets.
@@ -116,8 +129,21 @@ class AlignOPSDConfig(AgentGRPOConfig):
             per turn) or over `"trajectory"`s. The official launchers set `"turn"` in five of six profiles
             (`"trajectory"` on Search-3B); the official config file's own default is `"trajectory"`, its legacy.
         advantage_epsilon (`float`, defaults to `1e-6` here): the official GRPO epsilon.
-        invalid_action_coef (`float`, defaults to `0.1`): coefficient of the invalid-action residual (0.01 on
-            Search); 0 turns it off. Use it instead of `invalid_action_penalty`, which would enter the outcome.
+        invalid_action_coef (`float`, defaults to `0.1`): coefficient $c$ of the invalid-action residual (0.01 on
+            Search); 0 turns it off. Use it instead of `invalid_action_penalty`, which would enter the outcome. It
+            acts on the episode reward as `reward_scale` and `outcome_reward` give it: the residual relative to
+            the outcome advantage shrinks as the reward grows.
+        reward_scale (`float`, defaults to `10.0`): the episode reward R of the outcome advantage and of the
+            invalid-action residual is `reward_scale` times the reward `outcome_reward` names (no symbol in the
+            paper; the official environments pay 10 for a win on ALFWorld, as verl-agent's, and on WebShop, and the
+            exact match, 1, on Search, whose recipes set 1.0). The outcome advantage is scale-free up to
+            `advantage_epsilon`; the residual is not: with binary rewards, `reward_scale: 1` makes $c = 0.1$ act as
+            $c = 1$ would at the official scale.
+        outcome_reward (`str`, defaults to `"env"`): `"env"`, the environment's reward (WebShop: the graded
+            purchase score in [0, 1]); or `"win"`, 1 for a won episode and 0 otherwise (`Trajectory.won`; an
+            unscorable reward stays unscorable), as the official environments pay (WebShop: 10 on a win, 0
+            otherwise, in its `envs.py`). The two agree on ALFWorld and Search-QA, whose rewards are already 1 on
+            a win and 0 otherwise. The official-profile recipes set `"win"`. Neither changes the rewards TRL logs.
         ablation (`str`, defaults to `"E"`): the official ablations: `"A"` no rectification ($\alpha_{\max} = 0$),
             `"B"` token allocation, `"C"` turn allocation without spans, `"D"` random spans, `"E"` the method.
         sdar_aux (`bool`, defaults to `False`): the official SDAR auxiliary loss (`algorithm.sdar_aux.enabled`),
@@ -155,6 +181,9 @@ class AlignOPSDConfig(AgentGRPOConfig):
     grpo_normalization_scope: str = field(default="turn", metadata={"help": "turn | trajectory."})
     advantage_epsilon: float = field(default=1e-6, metadata={"help": "epsilon of the GRPO advantage."})
     invalid_action_coef: float = field(default=0.1, metadata={"help": "Invalid-action residual coefficient."})
+    reward_scale: float = field(default=10.0, metadata={"help": "Episode reward scale (official: 10 on a win)."})
+    outcome_reward: str = field(default="env", metadata={"help": "env (the environment's reward) | win (1 on a win)."})
+    span_threshold_scope: str = field(default="batch", metadata={"help": "batch (official) | moving."})
     ablation: str = field(default="E", metadata={"help": "A | B | C | D | E (E: the method)."})
     turn_balanced_loss: bool = field(default=False, metadata={"help": "Eq. 7 balancing (off: token-mean loss)."})
     sdar_aux: bool = field(default=False, metadata={"help": "Official SDAR auxiliary loss (ALFWorld-3B launcher)."})
@@ -166,7 +195,8 @@ class AlignOPSDConfig(AgentGRPOConfig):
         choices = {
             "aggregation_mode": AGGREGATION_MODES, "profile_distance": PROFILE_DISTANCES,
             "grpo_normalization_scope": NORMALIZATION_SCOPES, "ablation": ABLATIONS,
-            "weighting_mode": ("legacy", "bounded"),
+            "weighting_mode": ("legacy", "bounded"), "outcome_reward": ("env", "win"),
+            "span_threshold_scope": ("batch", "moving"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -193,6 +223,8 @@ class AlignOPSDConfig(AgentGRPOConfig):
             raise ValueError(f"sdar_aux_gate_beta must be a finite number > 0, got {self.sdar_aux_gate_beta}.")
         if self.invalid_action_coef < 0:
             raise ValueError(f"invalid_action_coef must be >= 0, got {self.invalid_action_coef}.")
+        if not (math.isfinite(self.reward_scale) and self.reward_scale > 0):
+            raise ValueError(f"reward_scale must be a finite number > 0, got {self.reward_scale}.")
         if self.invalid_action_penalty:
             raise ValueError(
                 "AlignOPSD keeps the episode outcome untouched and adds invalid actions as a separate residual: "
@@ -238,12 +270,15 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             groups.setdefault(trajectory.group, []).append(j)
         outcome = self._outcome_advantages(everything, groups, step)
 
-        contexts = skill_contexts(self.skill_bank, everything, args.skill_top_k)
-        # Only groups whose credit can move need the teacher: a zero advantage stays zero under any weights.
-        moving = {g for g, members in groups.items() if any(outcome[j] != 0 and contexts[j] for j in members)}
-        targets = [i for i in range(local) if outcome[first + i] != 0 and contexts[first + i]]
+        skills = skill_contexts(self.skill_bank, everything, args.skill_top_k)
+        contexts = teacher_contexts(skills)  # no skill still gives a teacher, as in the official trainer
+        # Credit moves only in groups with a nonzero advantage (a zero advantage stays zero under any weights); the
+        # span threshold may pool every group's distances, which needs the teacher there too.
+        moving = {g for g, members in groups.items() if any(outcome[j] != 0 for j in members)}
+        matched = self._matched_groups(groups, moving)
+        targets = [i for i in range(local) if outcome[first + i] != 0]
         started = time.perf_counter()
-        teacher = self._teacher_responses(everything, first, local, contexts, moving)
+        teacher = self._teacher_responses(everything, first, local, contexts, matched)
         teacher_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -254,9 +289,9 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 profile_temperature=args.profile_temperature, profile_distance=args.profile_distance,
             )
             for g, members in groups.items()
-            if g in moving
+            if g in matched
         }
-        # The span threshold pools every valid distance of the step; every process sees the whole batch.
+        # The span threshold pools every valid distance of the matched groups; every process sees the whole batch.
         computed = list(correspondences.values())
         threshold = segmentation_threshold(
             torch.cat([c.distances for c in computed]) if computed else torch.zeros(0, dtype=torch.float64),
@@ -266,8 +301,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         encoder_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        # SDAR's auxiliary term needs the diagonal teacher on every trajectory with a context, moving or not.
-        wanted = {i for i in range(local) if contexts[first + i]} if args.sdar_aux else set(targets)
+        # SDAR's auxiliary term needs the diagonal teacher on every trajectory, moving or not.
+        wanted = set(range(local)) if args.sdar_aux else set(targets)
         target_contexts = [contexts[first + i] if i in wanted else "" for i in range(local)]
         diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
         plain_turns = rows.collect(plain)
@@ -276,19 +311,22 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         )
         rescoring_seconds = time.perf_counter() - started
 
+        seeds = _trajectory_order(everything)
         weights, spans = [], []
         for i, trajectory in enumerate(trajectories):
             if i in corrected:
                 c = correspondences[trajectory.group]
-                w, s = self._allocate(trajectory, corrected[i], float(outcome[first + i]), c, first + i, threshold)
+                w, s = self._allocate(
+                    trajectory, corrected[i], float(outcome[first + i]), c, first + i, threshold, seeds[first + i]
+                )
             else:
                 w, s = [1.0] * trajectory.num_turns, ([(0, trajectory.num_turns)] if trajectory.num_turns else [])
             weights.append(w)
             spans.append(s)
-        residuals = self._invalid_residuals(everything, step.rewards.detach().double().cpu(), groups, first, local)
+        residuals = self._invalid_residuals(everything, self._episode_rewards(everything, step), groups, first, local)
 
         self.last_step.weights, self.last_step.spans = weights, spans
-        self.last_step.skill_texts = contexts[first : first + local]
+        self.last_step.skill_texts = skills[first : first + local]
         self._log_weight_range(weights, "train" if self.model.training else "eval")
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
         advantages = [
@@ -325,17 +363,40 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics["alignopsd/sdar_aux_mean"].append(sum(added) / max(len(added), 1))
 
-    def _outcome_advantages(self, everything: list[Trajectory], groups: dict[int, list[int]], step: StepView) -> list[float]:
-        """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (``groups``: the
-        members of each task group). The trajectory scope is the base trainer's own computation (the same
-        statistics: bit for bit what GRPO gives); the turn scope repeats each reward once per turn of its
-        trajectory in the statistics. Unscorable (NaN) rewards get 0 and stay out of the statistics."""
+    def _matched_groups(self, groups: dict[int, list[int]], moving: set[int]) -> set[int]:
+        """The task groups that get teacher responses, encoding and matching: the ``moving`` ones, plus, when the
+        span threshold pools the whole batch (``span_threshold_scope: batch``, official) and the method uses it
+        (ablations E and A), every other group, since its valid distances enter the quantile. None when nothing
+        moves: the threshold then changes no advantage."""
+        if moving and self.args.span_threshold_scope == "batch" and self.args.ablation in ("A", "E"):
+            return set(groups)
+        return set(moving)
+
+    def _episode_rewards(self, everything: list[Trajectory], step: StepView) -> torch.Tensor:
+        """The episode reward R of every trajectory of the step as the official environments pay it: ``reward_scale``
+        times the environment's reward (``outcome_reward: env``) or times 1 for a win, 0 otherwise (``win``).
+        Unscorable (NaN) rewards stay NaN."""
         args = self.args
         rewards = step.rewards.detach().double().cpu()
+        if args.outcome_reward == "win":
+            won = torch.tensor([1.0 if t.won else 0.0 for t in everything], dtype=torch.float64)
+            rewards = torch.where(torch.isnan(rewards), rewards, won)
+        return args.reward_scale * rewards
+
+    def _outcome_advantages(self, everything: list[Trajectory], groups: dict[int, list[int]], step: StepView) -> list[float]:
+        """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (``groups``: the
+        members of each task group) on the episode rewards of ``_episode_rewards``. The trajectory scope is the
+        base trainer's own computation (the same statistics: bit for bit what GRPO gives on the same rewards); the
+        turn scope repeats each reward once per turn of its trajectory in the statistics. Unscorable (NaN) rewards
+        get 0 and stay out of the statistics."""
+        args = self.args
+        rewards = self._episode_rewards(everything, step)
         scale = self.scale_rewards != "none"
         if args.grpo_normalization_scope == "trajectory":
             group_size = len(everything) // max(len(groups), 1)
-            return grpo_outcome_advantages(step.rewards.detach().cpu(), group_size, delta=args.advantage_epsilon, scale=scale).tolist()
+            # In the rewards' own dtype: with reward_scale 1 and the environment's reward, GRPO's exact numbers.
+            rewards = rewards.to(step.rewards.dtype)
+            return grpo_outcome_advantages(rewards, group_size, delta=args.advantage_epsilon, scale=scale).tolist()
         out = [0.0] * len(everything)
         for members in groups.values():
             scorable = [j for j in members if not bool(torch.isnan(rewards[j]))]
@@ -369,15 +430,15 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             engine.max_completion_length = saved
 
     def _teacher_responses(
-        self, everything: list[Trajectory], first: int, local: int, contexts: list[str], moving: set[int]
+        self, everything: list[Trajectory], first: int, local: int, contexts: list[str], matched: set[int]
     ) -> dict[tuple[int, int], tuple[str, str]]:
-        """(thinking, action) of one teacher response per turn of every trajectory in a ``moving`` group (official
+        """(thinking, action) of one teacher response per turn of every trajectory in a ``matched`` group (official
         ``_generate_teacher_responses``): generated under p_x by the rollout backend with the rollout's sampling
         settings and the teacher budget, each process its own trajectories, then shared. Nothing runs, on any
-        process, when no group can move (every process sees the same batch)."""
-        if not moving:
+        process, when no group is matched (every process sees the same batch)."""
+        if not matched:
             return {}
-        wanted = [first + i for i in range(local) if everything[first + i].group in moving]
+        wanted = [first + i for i in range(local) if everything[first + i].group in matched]
         prompts, keys = teacher_prompts(everything, wanted, contexts, self.chat)
         generator = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)
         if hasattr(generator, "max_new_tokens"):
@@ -434,11 +495,12 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                     gaps.append(corrected_token_gap(diagonal, student))
                     continue
                 similarities = c.similarity[list(sources), row]
-                omega = source_weights(similarities, args.aggregation_temperature)
+                log_omega = source_log_weights(similarities, args.aggregation_temperature)
+                omega = log_omega.exp()
                 alpha = correction_strength(correspondence_confidence(similarities, omega, args.similarity_threshold), alpha_max)
                 # The cross views score the turn's whole response; the diagonal side covers its policy tokens.
                 views = torch.stack([cross[(i, t, s)][: diagonal.numel()] for s in sources])
-                mixed = cross_teacher_logprobs(views, omega, args.aggregation_mode)
+                mixed = cross_teacher_logprobs(views, omega, args.aggregation_mode, log_weights=log_omega)
                 gaps.append(corrected_token_gap(diagonal, student, mixed, alpha))
                 alphas.append(alpha)
             out[i] = gaps
@@ -452,9 +514,11 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         correspondence: GroupCorrespondence,
         index: int,
         threshold: float,
+        seed: int = 0,
     ) -> tuple[list[float | list[float]], list[tuple[int, int]]]:
-        """Mechanism 2 for one trajectory: its weights (per turn; per token in ablation B) and spans. Turns without
-        a scored policy token keep weight 1 and stay out of the budgets (the official code has none)."""
+        """Mechanism 2 for one trajectory: its weights (per turn; per token in ablation B) and spans; ``seed``:
+        ablation D's random-span seed. Turns without a scored policy token keep weight 1 and stay out of the
+        budgets (the official code has none)."""
         args = self.args
         n_turns = trajectory.num_turns
         sign = 1.0 if advantage > 0 else -1.0
@@ -478,7 +542,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             spans = segment_trajectory(
                 correspondence.distances[rows], correspondence.boundary_valid[rows], threshold,
                 args.span_min_turns, args.span_max_turns, fallback_min=args.segmentation_threshold_min,
-                mode="random" if args.ablation == "D" else "adaptive", seed=index,
+                mode="random" if args.ablation == "D" else "adaptive", seed=seed,
             )
             # Spans over the live turns: a turn without tokens is left out of its span's budget.
             position = {t: k for k, t in enumerate(live)}
@@ -544,6 +608,19 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         metrics["alignopsd/encoder_seconds"].append(encoder_seconds)
         metrics["alignopsd/rescoring_seconds"].append(rescoring_seconds)
         metrics["alignopsd/cross_views"].append(float(cross_views))
+
+
+def _trajectory_order(everything: list[Trajectory]) -> list[int]:
+    """Each trajectory's index in (task, rollout) order over the whole batch: the official ``segment_trajectories``
+    seeds ablation D's random spans with ``random.Random(0 + index)`` in the sorted (task uid, rollout uid) order
+    of ``_trajectory_groups``. Here a task is its group and a rollout its place among the group's siblings. (The
+    official uids are random strings, so the official order is a random permutation of the batch; the spans'
+    distribution is the same, not each trajectory's spans.)"""
+    order = sorted(range(len(everything)), key=lambda j: (everything[j].group, j))
+    rank = [0] * len(everything)
+    for position, j in enumerate(order):
+        rank[j] = position
+    return rank
 
 
 def _advantage(advantage: float, weight: float | list[float], residual: float) -> float | list[float]:
