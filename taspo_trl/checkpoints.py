@@ -493,13 +493,13 @@ class CheckpointSaving:
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         try:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
-        except (OSError, RuntimeError, ValueError) as error:
+        except Exception as error:  # torch.load's errors name no file: OSError, RuntimeError, UnpicklingError, ...
             raise _unreadable(resume_from_checkpoint, "model weights", error) from error
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         try:
             super()._load_optimizer_and_scheduler(checkpoint)
-        except (OSError, RuntimeError, ValueError, EOFError) as error:
+        except Exception as error:
             raise _unreadable(checkpoint, "optimizer.pt and scheduler.pt", error) from error
 
 

@@ -125,6 +125,8 @@ def build_trainer(
     script_args, config, model_args = parser.parse_args_and_config(args=argv)
     import_env_module(script_args.env_module, "taspo-train")
     logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
+    if Path(config.output_dir).is_dir():  # a folder another run may hold: find out before anything else
+        hold_output_dir(config.output_dir)
     resume = _resume_argument(config.resume_from_checkpoint)
     check_resume_target(config.output_dir, resume)
     finished = finished_run_message(config, resume)
