@@ -149,17 +149,22 @@ def _cosines(encoder, sources: list[str], targets: list[str]) -> torch.Tensor:
     return out
 
 
+# The episode reward as the official environments pay it (AlignOPSDConfig.reward_scale): 10 per win.
+REWARD_SCALE = 10.0
+
+
 def _turn_scope_advantages(trajectories) -> list[float]:
-    """A_i = (R_i - mu) / (sigma + 1e-6), mu and the unbiased sigma over the turn rows (each reward once per turn)."""
-    rows = [t.reward for t in trajectories for _ in t.turns]
+    """A_i = (R_i - mu) / (sigma + 1e-6), mu and the unbiased sigma over the turn rows (each reward once per turn),
+    R_i = 10 per win."""
+    rows = [REWARD_SCALE * t.reward for t in trajectories for _ in t.turns]
     mu = sum(rows) / len(rows)
     sigma = math.sqrt(sum((r - mu) ** 2 for r in rows) / (len(rows) - 1))
-    return [(t.reward - mu) / (sigma + 1e-6) for t in trajectories]
+    return [(REWARD_SCALE * t.reward - mu) / (sigma + 1e-6) for t in trajectories]
 
 
 def _residuals(trajectories, coefficient: float) -> list[list[float]]:
-    """normalise(R - c * invalid) - normalise(R) over the group's turn rows (mean, unbiased std, 1e-6)."""
-    rewards = torch.tensor([t.reward for t in trajectories for _ in t.turns], dtype=torch.float64)
+    """normalise(R - c * invalid) - normalise(R) over the group's turn rows (mean, unbiased std, 1e-6), R = 10 per win."""
+    rewards = torch.tensor([REWARD_SCALE * t.reward for t in trajectories for _ in t.turns], dtype=torch.float64)
     invalid = torch.tensor([not turn.action_valid for t in trajectories for turn in t.turns], dtype=torch.float64)
     assert invalid.any()
     penalised = rewards - coefficient * invalid

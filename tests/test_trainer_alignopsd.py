@@ -23,7 +23,7 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import group_outcome_advantage
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.privileged.alignment import cross_view_requests, group_correspondence, parse_response
+from taspo_trl.privileged.alignment import NO_SKILLS, cross_view_requests, group_correspondence, parse_response
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.generation import Generation
@@ -230,18 +230,41 @@ def _one_step(trainer, game, monkeypatch) -> StepView:
     return seen[0]
 
 
-def test_grpo_fallback_is_bit_for_bit_when_no_task_has_skills(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
-    """No p_x anywhere (trajectory scope, no invalid-action residual): nothing is generated or matched and every
-    turn gets exactly GRPO's A_i."""
-    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder, grpo_normalization_scope="trajectory", invalid_action_coef=0.0)
+def test_ablation_a_with_uniform_gaps_is_grpo_bit_for_bit(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """Trajectory scope, reward scale 1, no residual, no rectification (ablation A) and every turn's gap equal:
+    the weights are exactly 1 and every turn gets exactly GRPO's A_i."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder, grpo_normalization_scope="trajectory",
+                       invalid_action_coef=0.0, reward_scale=1.0, ablation="A")
     try:
         step = _one_step(trainer, pick_game, monkeypatch)
-        monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: [""] * len(trajectories))
+        shifts = trainer._privileged_shifts
+        monkeypatch.setattr(trainer, "_privileged_shifts", lambda *a, **k: (
+            lambda out: ({key: torch.full_like(g, 0.25) for key, g in out[0].items()}, out[1]))(shifts(*a, **k)))
         got = trainer.turn_advantages(step)
         want = AgentGRPOTrainer.turn_advantages(trainer, step)
     finally:
         trainer.close()
     assert got == want and any(a != 0 for turns in want for a in turns)
+
+
+def test_no_skill_still_builds_the_teacher(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
+    """Retrieval gives no skill: the official trainer still builds the teacher prompt (an empty skill text), so
+    the teacher runs on every turn under the empty skill block and the credit still moves."""
+    trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder)
+    try:
+        step = _one_step(trainer, pick_game, monkeypatch)
+        teacher = _Teacher(trainer.processing_class)
+        monkeypatch.setattr(alignopsd_module, "generator_for_trainer", lambda _trainer, batch_size=None: teacher)
+        monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: [""] * len(trajectories))
+        seen = []
+        real = alignopsd_module.teacher_prompts
+        monkeypatch.setattr(alignopsd_module, "teacher_prompts", lambda t, w, c, chat: seen.append(list(c)) or real(t, w, c, chat))
+        trainer.turn_advantages(step)
+    finally:
+        trainer.close()
+    assert teacher.prompts == [sum(t.num_turns for t in step.trajectories)]
+    assert seen == [[NO_SKILLS] * len(step.trajectories)]
+    assert any(w != 1.0 for weights in trainer.last_step.weights for w in weights)
 
 
 def test_turn_scope_advantage_and_invalid_residual_in_the_trainer(tmp_path, tiny_model_dir, pick_game, monkeypatch, encoder):
@@ -252,13 +275,14 @@ def test_turn_scope_advantage_and_invalid_residual_in_the_trainer(tmp_path, tiny
         step = _one_step(trainer, pick_game, monkeypatch)
         groups = {0: list(range(len(step.trajectories)))}
         outcome = trainer._outcome_advantages(step.trajectories, groups, step)
-        want = group_outcome_advantage(step.rewards.double(), [t.num_turns for t in step.trajectories], "turn", 1e-6)
+        # The episode reward as the official environments pay it: 10 per win.
+        want = group_outcome_advantage(10 * step.rewards.double(), [t.num_turns for t in step.trajectories], "turn", 1e-6)
         assert outcome == pytest.approx(want.tolist(), abs=1e-12)
-        residuals = trainer._invalid_residuals(step.trajectories, step.rewards.double(), groups, 0, len(step.trajectories))
+        residuals = trainer._invalid_residuals(step.trajectories, 10 * step.rewards.double(), groups, 0, len(step.trajectories))
     finally:
         trainer.close()
-    # Hand: normalise the turn rows' rewards with and without the 0.1 penalty on invalid rows; the difference.
-    rewards = torch.tensor([float(r) for r, t in zip(step.rewards, step.trajectories) for _ in t.turns], dtype=torch.float64)
+    # Hand: normalise the turn rows' rewards (10 per win) with and without the 0.1 penalty on invalid rows.
+    rewards = torch.tensor([10 * float(r) for r, t in zip(step.rewards, step.trajectories) for _ in t.turns], dtype=torch.float64)
     invalid = torch.tensor([not turn.action_valid for t in step.trajectories for turn in t.turns], dtype=torch.float64)
     assert invalid.sum() > 0
     penalised = rewards - 0.1 * invalid
