@@ -444,3 +444,16 @@ def test_resuming_another_methods_checkpoint_is_refused(tmp_path, tiny_model_dir
                 cwd=workdir)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "was written by another run (trainer AgentGRPOTrainer there, TASPOTrainer in this run)" in done.stderr
+
+
+def test_transformers_still_rotates_inside_save_checkpoint_by_the_setting_set_aside():
+    """CheckpointSaving sets ``args.save_total_limit`` aside during transformers' ``_save_checkpoint`` (whose
+    rotation would run before the complete marker) and rotates after it; and it wraps these loaders."""
+    import inspect
+
+    from transformers import Trainer
+
+    assert "save_total_limit=self.args.save_total_limit" in inspect.getsource(Trainer._save_checkpoint)
+    assert list(inspect.signature(Trainer._load_optimizer_and_scheduler).parameters) == ["self", "checkpoint"]
+    assert list(inspect.signature(Trainer._load_from_checkpoint).parameters)[:2] == ["self", "resume_from_checkpoint"]
+    assert "get_last_checkpoint" in inspect.getsource(Trainer.train)  # what resume true would take without us
