@@ -2,11 +2,14 @@
 
     python benchmarks/build_warm_start.py            # train and write taspo_trl/data/warm_starts/<name>/
     python benchmarks/build_warm_start.py --check    # train into a temp folder, compare with the shipped adapter
+    python benchmarks/build_warm_start.py --revalidate   # after a code change that leaves the data as they were
 
 The build is ``taspo_trl.warmstart.train_warm_start`` on the spec in ``WARM_STARTS`` (the one the package falls
 back to when the shipped fingerprint does not match), under bf16 autocast where the hardware computes bf16
-(``--bf16 true/false`` to choose). Rerun it after changing any module in ``warmstart._DATA_MODULES``:
-``tests/test_warmstart.py`` fails while the shipped fingerprint is stale.
+(``--bf16 true/false`` to choose). ``tests/test_warmstart.py`` fails while the shipped fingerprint is stale,
+after a change to any module in ``warmstart._DATA_MODULES``. ``--revalidate`` then replays the demonstrations
+(minutes, no training): where the rows a build would train on hash as the shipped record's ``data_sha256``, the
+change left the weights as they were and the record takes today's code hash; otherwise it says to rebuild.
 
 ``--check`` prints, per adapter tensor, the largest difference from the shipped one relative to that tensor's
 largest entry, and fails above ``--tolerance``. With the shipped precision, library versions and thread count
@@ -30,7 +33,9 @@ from taspo_trl.precision import choose_precision
 from taspo_trl.warmstart import (
     WARM_STARTS,
     build_environment,
+    data_sha256,
     fingerprint,
+    revalidate_shipped,
     shipped_warm_start_dir,
     train_warm_start,
 )
@@ -57,7 +62,8 @@ def build(name: str, out: Path, bf16: bool | None) -> dict:
         for file in ADAPTER_FILES:
             shutil.copyfile(adapter / file, out / file)
     record = {"name": name, "fingerprint": fingerprint(spec), "examples": examples,
-              "build_seconds": round(time.perf_counter() - started, 1), "built_with": build_environment(precision.bf16)}
+              "build_seconds": round(time.perf_counter() - started, 1), "built_with": build_environment(precision.bf16),
+              "data_sha256": data_sha256(spec)}
     (out / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -80,11 +86,19 @@ def main() -> None:
     parser.add_argument("--bf16", choices=("true", "false"), default=None,
                         help="build precision (default: bf16 where the hardware computes it)")
     parser.add_argument("--check", action="store_true", help="rebuild into a temp folder and compare")
+    parser.add_argument("--revalidate", action="store_true",
+                        help="keep the shipped adapter over a code change that leaves its training data unchanged")
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="largest relative difference --check accepts (0: bit for bit)")
     args = parser.parse_args()
     bf16 = None if args.bf16 is None else args.bf16 == "true"
     shipped = shipped_warm_start_dir(args.name)
+    if args.revalidate:
+        try:
+            print(revalidate_shipped(args.name, shipped), flush=True)
+        except ValueError as problem:
+            raise SystemExit(str(problem)) from None
+        return
     if not args.check:
         record = build(args.name, shipped, bf16)
         size = (shipped / ADAPTER_FILES[0]).stat().st_size / 1e6

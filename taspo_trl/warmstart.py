@@ -351,23 +351,45 @@ def train_warm_start(
     from datasets import concatenate_datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .envs.alfworld import generate_games, task_spec_rows
     from .models import prepare_tokenizer
-    from .trainers.sft import (
-        AgentSFTConfig,
-        AgentSFTTrainer,
-        demonstration_sft_dataset,
-        guided_sft_dataset,
-        relabelled_sft_dataset,
-    )
+    from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, relabelled_sft_dataset
 
     base = resolve_model_path(spec.base_model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base))
     tokenizer.padding_side = "right"  # training pads on the right; generation sets its own side
-    task_types = list(spec.task_types) if spec.task_types else None
-    files = generate_games(games_dir, spec.games_per_type, spec.games_seed, "train", task_types=task_types)
-    settings = dict(
-        output_dir=str(out_dir.parent / "sft"),
+    settings = _sft_settings(spec, out_dir.parent / "sft", bf16)
+    config = AgentSFTConfig(**settings, num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
+    dataset, rows = demonstration_data(spec, games_dir, tokenizer, config)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                              peft_config=_lora_config(spec, model.config.num_hidden_layers))
+    trainer.train()
+    if spec.relabel_episodes_per_task:
+        print(f"taspo_trl: DAgger round: {spec.relabel_episodes_per_task} sampled episodes per game, relabelled by the "
+              "expert", file=sys.stderr, flush=True)
+        corrections = relabelled_sft_dataset(
+            trainer.model, tokenizer, rows, config, episodes_per_task=spec.relabel_episodes_per_task,
+            max_turns=spec.relabel_max_turns, max_new_tokens=spec.relabel_max_new_tokens, seed=spec.seed,
+        )
+        second = AgentSFTConfig(**settings, num_train_epochs=spec.relabel_epochs, learning_rate=spec.relabel_learning_rate)
+        dataset = concatenate_datasets([dataset, corrections]).shuffle(seed=spec.seed)
+        trainer = AgentSFTTrainer(model=trainer.model, args=second, train_dataset=dataset, processing_class=tokenizer)
+        trainer.train()
+    model = trainer.model
+    if spec.delta_rank:
+        heal = AgentSFTConfig(**{**settings, "frozen_layers": 0}, num_train_epochs=spec.heal_epochs,
+                              learning_rate=spec.heal_learning_rate) if spec.heal_epochs else None
+        model = _keep_to_rank(model, spec, heal, dataset, tokenizer)
+    _save_trained(model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
+    return len(dataset)
+
+
+def _sft_settings(spec: WarmStart, sft_dir: Path, bf16: bool) -> dict[str, Any]:
+    """The ``AgentSFTConfig`` settings of a warm start's SFT rounds (epochs and learning rate aside)."""
+    import torch
+
+    return dict(
+        output_dir=str(sft_dir),
         environment=spec.environment,
         layout=spec.layout,
         history_window=spec.history_window,
@@ -393,7 +415,19 @@ def train_warm_start(
         save_strategy="no",
         report_to="none",
     )
-    config = AgentSFTConfig(**settings, num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
+
+
+def demonstration_data(spec: WarmStart, games_dir: Path, tokenizer: Any, config: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """The SFT rows of warm start ``spec`` (the expert's demonstrations on its generated games, plus its guided games'
+    rows) and the task rows of its games; ``config`` is its ``AgentSFTConfig``. Everything here is decided by the
+    settings and the code of ``_DATA_MODULES``, none of it by a model."""
+    from datasets import concatenate_datasets
+
+    from .envs.alfworld import generate_games, task_spec_rows
+    from .trainers.sft import demonstration_sft_dataset, guided_sft_dataset
+
+    task_types = list(spec.task_types) if spec.task_types else None
+    files = generate_games(games_dir, spec.games_per_type, spec.games_seed, "train", task_types=task_types)
     rows = task_spec_rows(files)
     dataset = demonstration_sft_dataset(rows, tokenizer, config)
     if spec.pi_games_per_type:
@@ -401,29 +435,58 @@ def train_warm_start(
                                       task_types=task_types)
         guided = guided_sft_dataset(task_spec_rows(guided_games), tokenizer, config)
         dataset = concatenate_datasets([dataset, guided]).shuffle(seed=spec.seed)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                              peft_config=_lora_config(spec, model.config.num_hidden_layers))
-    trainer.train()
-    if spec.relabel_episodes_per_task:
-        print(f"taspo_trl: DAgger round: {spec.relabel_episodes_per_task} sampled episodes per game, relabelled by the "
-              "expert", file=sys.stderr, flush=True)
-        corrections = relabelled_sft_dataset(
-            trainer.model, tokenizer, rows, config, episodes_per_task=spec.relabel_episodes_per_task,
-            max_turns=spec.relabel_max_turns, max_new_tokens=spec.relabel_max_new_tokens, seed=spec.seed,
-        )
-        second = AgentSFTConfig(**settings, num_train_epochs=spec.relabel_epochs, learning_rate=spec.relabel_learning_rate)
-        dataset = concatenate_datasets([dataset, corrections]).shuffle(seed=spec.seed)
-        trainer = AgentSFTTrainer(model=trainer.model, args=second, train_dataset=dataset, processing_class=tokenizer)
-        trainer.train()
-    model = trainer.model
-    if spec.delta_rank:
-        heal = AgentSFTConfig(**{**settings, "frozen_layers": 0}, num_train_epochs=spec.heal_epochs,
-                              learning_rate=spec.heal_learning_rate) if spec.heal_epochs else None
-        model = _keep_to_rank(model, spec, heal, dataset, tokenizer)
-    _save_trained(model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
-    return len(dataset)
+    return dataset, rows
 
+
+
+def data_sha256(spec: WarmStart) -> str:
+    """SHA-256 of the SFT rows a build of ``spec`` trains on first (``demonstration_data``, in order): what its
+    weights depend on beyond the settings, when it has no DAgger round (whose rows come from the trained policy).
+    Plays every demonstration on the real engine: minutes for the embedded warm start, not the build's hours."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from .models import prepare_tokenizer
+    from .trainers.sft import AgentSFTConfig
+
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path(spec.base_model)))
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix="taspo-warm-start-data-") as work:
+        config = AgentSFTConfig(**_sft_settings(spec, Path(work) / "sft", bf16=False),
+                                num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
+        dataset, _ = demonstration_data(spec, Path(work) / "games", tokenizer, config)
+        for row in dataset:
+            digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def revalidate_shipped(name: str, shipped: Path | None = None) -> str:
+    """Carry the shipped adapter of warm start ``name`` over a change to the code of ``_DATA_MODULES`` that leaves
+    its training data as they were: when the shipped record's settings and build version are today's and the rows
+    a build would train on hash to its ``data_sha256``, its fingerprint takes today's code hash (same data, same
+    weights). Returns what it did, in a sentence; raises ``ValueError`` when the shipped adapter must be rebuilt."""
+    spec = WARM_STARTS[name.strip().lower()]
+    shipped = shipped or shipped_warm_start_dir(name)
+    path = shipped / _FINGERPRINT_FILE
+    record = json.loads(path.read_text())
+    wanted = fingerprint(spec)
+    if record["fingerprint"] == wanted:
+        return f"{name}: the shipped fingerprint is current; nothing to do"
+    rebuild = "rebuild it with python benchmarks/build_warm_start.py"
+    if {k: v for k, v in record["fingerprint"].items() if k != "code_sha256"} != {
+            k: v for k, v in wanted.items() if k != "code_sha256"}:
+        raise ValueError(f"{name}: its settings or build version changed; {rebuild}")
+    if spec.relabel_episodes_per_task:
+        raise ValueError(f"{name}: a DAgger round trains on the policy's own episodes, which no data hash covers; {rebuild}")
+    if "data_sha256" not in record:
+        raise ValueError(f"{name}: the shipped record has no data_sha256 to compare with; {rebuild}")
+    now = data_sha256(spec)
+    if now != record["data_sha256"]:
+        raise ValueError(f"{name}: the code change changes its training data (data_sha256 {now[:12]}, shipped "
+                         f"{record['data_sha256'][:12]}); {rebuild}")
+    path.write_text(json.dumps({**record, "fingerprint": wanted}, indent=2) + "\n")
+    return f"{name}: same training data (data_sha256 {now[:12]}); the shipped fingerprint takes today's code hash"
 
 def _keep_to_rank(model: Any, spec: WarmStart, heal: Any | None, dataset: Any, tokenizer: Any) -> Any:
     """The full fine-tune ``model``'s update truncated to ``spec.delta_rank`` as a PEFT adapter on the base model,

@@ -174,7 +174,9 @@ def test_the_shipped_warm_start_matches_its_code_and_settings():
             continue
         record = _record(str(shipped))
         assert record["fingerprint"] == warmstart.fingerprint(spec), (
-            "the shipped warm start is stale: rebuild it with python benchmarks/build_warm_start.py")
+            "the shipped warm start is stale: python benchmarks/build_warm_start.py --revalidate (same data), "
+            "else rebuild it with python benchmarks/build_warm_start.py")
+        assert len(record.get("data_sha256", "")) == 64  # what --revalidate compares with
         adapter = shipped / "adapter_model.safetensors"
         assert adapter.stat().st_size <= 20e6  # small enough for the wheel
         config = json.loads((shipped / "adapter_config.json").read_text())
@@ -306,3 +308,45 @@ def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(lora, learning_rate=2e-3))
     with pytest.raises(AssertionError, match="must not be retrained"):
         resolve_model_path(NAME)  # the shipped fingerprint no longer matches: a build, not an install
+
+
+def test_revalidate_keeps_the_shipped_adapter_only_while_the_training_data_stay_the_same(tiny_warm_start, tmp_path,
+                                                                                         monkeypatch):
+    """A refactor of a data-producing module changes the code hash, not the rows a build trains on: the shipped
+    record then takes today's code hash. A change that does alter the rows (here the expert's thought on every
+    move) needs a rebuild, and the record stays as it was."""
+    import shutil
+
+    import taspo_trl.envs.alfworld as alfworld
+    from taspo_trl.envs.alfworld.expert import ALFWorldExpert
+
+    generate, generated = alfworld.generate_games, {}
+
+    def generate_once(out, *args, **kwargs):  # the same seeded games each time; the engine takes seconds a game
+        key = repr((args, kwargs))
+        if key not in generated:
+            folder = tmp_path / f"games-{len(generated)}"
+            generated[key] = folder, generate(folder, *args, **kwargs)
+        folder, files = generated[key]
+        shutil.copytree(folder, out, dirs_exist_ok=True)
+        return [Path(out) / Path(file).relative_to(folder) for file in files]
+
+    monkeypatch.setattr(alfworld, "generate_games", generate_once)
+    data = warmstart.data_sha256(tiny_warm_start)  # revalidate's own hash below must equal it: seeded, stable
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    older_code = {**warmstart.fingerprint(tiny_warm_start), "code_sha256": "0" * 64}
+    (shipped / "warm_start.json").write_text(json.dumps({"name": NAME, "fingerprint": older_code, "data_sha256": data}))
+
+    assert "takes today's code hash" in warmstart.revalidate_shipped(NAME, shipped)
+    assert _record(str(shipped))["fingerprint"] == warmstart.fingerprint(tiny_warm_start)
+    assert "nothing to do" in warmstart.revalidate_shipped(NAME, shipped)
+
+    (shipped / "warm_start.json").write_text(json.dumps({"name": NAME, "fingerprint": older_code, "data_sha256": data}))
+    monkeypatch.setattr(ALFWorldExpert, "_go", staticmethod(lambda recep, thought: (f"{thought} Onward.", f"go to {recep}")))
+    with pytest.raises(ValueError, match="changes its training data"):
+        warmstart.revalidate_shipped(NAME, shipped)
+    assert _record(str(shipped))["fingerprint"] == older_code
+    monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(tiny_warm_start, learning_rate=2e-3))
+    with pytest.raises(ValueError, match="settings or build version changed"):
+        warmstart.revalidate_shipped(NAME, shipped)
