@@ -394,6 +394,14 @@ def check_free_space(trainer: Any) -> None:
         )
 
 
+def is_write_failure(error: BaseException) -> bool:
+    """A failed write, as Python (``OSError``), ``torch.save``'s writer (a ``RuntimeError`` from
+    ``inline_container.cc``) and safetensors (``SafetensorError``: "I/O error: No space left on device") say it."""
+    text = str(error)
+    return isinstance(error, OSError) or any(sign in text for sign in ("inline_container", "I/O error", "os error",
+                                                                       "No space left", "write"))
+
+
 def save_failed(error: BaseException, folder: Path, what: str) -> SaveFailed:
     """The error to raise when writing ``what`` into ``folder`` failed: it names the folder, the disk's free space
     and, for a full disk, the fix."""
@@ -403,7 +411,8 @@ def save_failed(error: BaseException, folder: Path, what: str) -> SaveFailed:
         free = "unknown"
     code = getattr(error, "errno", None)
     text = " ".join(str(error).split()) or type(error).__name__
-    full = code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "StorageFull" in text
+    full = code in (errno.ENOSPC, errno.EDQUOT) or any(sign in text for sign in ("No space left", "os error 28",
+                                                                                "StorageFull", "Disk quota"))
     cause = "the disk is full" if full else "a write failed"
     message = (f"could not save {what} in {folder}: {cause} ({text}; {free} free there). Free space (or move "
                f"output_dir to a bigger disk) and rerun the same command with --resume_from_checkpoint true: the "
@@ -479,10 +488,8 @@ class CheckpointSaving:
             self.accelerator.wait_for_everyone()  # every rank's files (rng_state_N.pth, shards) are written
             if self.args.should_save:
                 end_save(folder, {"step": self.state.global_step, **run_identity(self)})
-        except OSError as error:
-            raise save_failed(error, folder, folder.name) from error
-        except RuntimeError as error:  # torch.save's writer reports a failed write as a RuntimeError
-            if "inline_container" not in str(error) and "write" not in str(error):
+        except Exception as error:
+            if not is_write_failure(error):
                 raise
             raise save_failed(error, folder, folder.name) from error
         finally:
@@ -564,5 +571,7 @@ def save_final_model(trainer: Any, write: Any) -> None:
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
             end_save(folder, {"step": trainer.state.global_step, **run_identity(trainer)}, before=before)
-    except OSError as error:
+    except Exception as error:
+        if not is_write_failure(error):
+            raise
         raise save_failed(error, folder, "the final model") from error
