@@ -417,7 +417,9 @@ def save_failed(error: BaseException, folder: Path, what: str) -> SaveFailed:
     message = (f"could not save {what} in {folder}: {cause} ({text}; {free} free there). Free space (or move "
                f"output_dir to a bigger disk) and rerun the same command with --resume_from_checkpoint true: the "
                f"cut-off save is skipped and the run goes on from the newest complete checkpoint")
-    return SaveFailed(errno.ENOSPC if full else (code or errno.EIO), message)
+    failure = SaveFailed(message)  # one argument: str() is the message alone, without an "[Errno N]" prefix
+    failure.errno = errno.ENOSPC if full else (code or errno.EIO)
+    return failure
 
 
 # ---- the trainer side ---------------------------------------------------------------------------------------------
