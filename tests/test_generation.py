@@ -1,0 +1,127 @@
+"""The CPU sampler's speed-ups change no sample: a KV cache written in place instead of concatenated, and a copy of
+the model whose linear weights are already in the autocast dtype, kept in step with the trained weights."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from taspo_trl.rollout.chat import ChatFormat
+from taspo_trl.rollout.generation import ComputeDtypeCopy, TransformersGenerator, growing_cache
+from taspo_trl.testing import make_tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def tied_model_dir(tmp_path_factory, embedded_model_path):
+    """The embedded model's shape in small: an output layer tied to the embeddings, as SmolLM2 has."""
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tied"), tokenizer_source=embedded_model_path,
+                               tie_word_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def chat(embedded_tokenizer):
+    return ChatFormat(embedded_tokenizer)
+
+
+def _prompts(chat):
+    return [chat.first_prompt_ids("open the locker"), chat.first_prompt_ids("a longer prompt with more words in it"),
+            chat.first_prompt_ids("go")]
+
+
+def _sample(generator, prompts, seed=0):
+    torch.manual_seed(seed)
+    return [(g.token_ids, g.logprobs, g.stopped) for g in generator(prompts)]
+
+
+def _as_before(generator, monkeypatch):
+    """The sampler as it ran before these speed-ups: generate's own cache, autocast over the float32 weights."""
+    import taspo_trl.rollout.generation as generation
+
+    monkeypatch.setattr(generation, "growing_cache", lambda model, capacity: None)
+    generator.compute_copy = None
+    return generator
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16])
+def test_the_same_seed_samples_the_same_tokens_and_log_probs_as_before(tied_model_dir, chat, monkeypatch, autocast):
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    fast = TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, temperature=1.0, autocast_dtype=autocast)
+    now = _sample(fast, _prompts(chat))
+    before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, temperature=1.0,
+                                                      autocast_dtype=autocast), monkeypatch), _prompts(chat))
+    assert now == before  # bit for bit: same tokens, same recorded log-probs, same stops
+    assert sum(len(tokens) for tokens, _, _ in now) > 24  # several rows sampled well past their prompts
+
+
+def test_the_growing_cache_outgrows_its_room_without_changing_a_sample(tied_model_dir, chat, monkeypatch):
+    """Room for 3 positions only: the buffer grows (doubling) through the prompt and the response."""
+    import taspo_trl.rollout.generation as generation
+
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0)
+    before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0),
+                                monkeypatch), _prompts(chat))
+    made = []
+    monkeypatch.setattr(generation, "growing_cache", lambda m, capacity: made.append(growing_cache(m, 3)) or made[-1])
+    assert _sample(generator, _prompts(chat)) == before
+    layer = made[0].layers[0]
+    assert layer.key_buffer.shape[-2] > 3 and layer.keys.data_ptr() == layer.key_buffer.data_ptr()
+
+
+def _autocast_logits(model, ids):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(ids).logits.float()
+
+
+def test_the_compute_dtype_copy_computes_what_autocast_computes_on_the_float32_model(tied_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    mirror = ComputeDtypeCopy(torch.bfloat16).of(model)
+    linears = [m for m in mirror.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert mirror.model.embed_tokens.weight.dtype == torch.float32  # embeddings and norms as in the model
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the trained model is left alone
+    ids = torch.randint(0, model.config.vocab_size, (2, 11))
+    assert torch.equal(_autocast_logits(mirror, ids), _autocast_logits(model, ids))
+
+
+def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_dir, chat, tmp_path):
+    """After a step, the next samples' recorded log-probs are those of the updated model (a fresh autocast
+    forward); after loading a checkpoint's weights, those of the checkpoint."""
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=12, temperature=1.0,
+                                      autocast_dtype=torch.bfloat16)
+    prompt = chat.first_prompt_ids("open the locker")
+
+    def recorded_against_fresh_forward():
+        torch.manual_seed(0)
+        [gen] = generator([prompt])
+        ids = torch.tensor([prompt + gen.token_ids])
+        logits = _autocast_logits(model, ids)[0, len(prompt) - 1 : -1]
+        fresh = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None]).squeeze(1)
+        return (torch.tensor(gen.logprobs) - fresh).abs().max().item()
+
+    assert recorded_against_fresh_forward() < 1e-2
+    model.save_pretrained(tmp_path / "checkpoint")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    loss = model(torch.tensor([prompt]), labels=torch.tensor([prompt])).loss
+    loss.backward()
+    optimizer.step()
+    assert recorded_against_fresh_forward() < 1e-2  # an lr of 0.05 moves log-probs by far more than that
+    copy_after_step = generator.compute_copy.of(model)
+    model.load_state_dict(saved)  # what resuming from the checkpoint does to the model's tensors
+    assert recorded_against_fresh_forward() < 1e-2
+    assert generator.compute_copy.of(model) is copy_after_step  # refreshed in place, not copied again
+
+
+def test_a_stale_copy_would_be_caught(tied_model_dir, chat):
+    """The check above can fail: without the refresh, a step's update does not reach the samples."""
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    copier = ComputeDtypeCopy(torch.bfloat16)
+    stale = copier.of(model)
+    ids = torch.tensor([chat.first_prompt_ids("open the locker")])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    before_refresh = _autocast_logits(stale, ids)
+    assert not torch.allclose(before_refresh, _autocast_logits(model, ids), atol=1e-2)
+    assert torch.equal(_autocast_logits(copier.of(model), ids), _autocast_logits(model, ids))
