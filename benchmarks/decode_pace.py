@@ -1,0 +1,179 @@
+"""The CPU sampler's pace against the hardware's: decode time per token step beside the weight-read limit, and
+prefill throughput beside the matmul throughput, measured in one run, for the sampler as it is and as it was.
+
+A decode step of a small model at batch 8 reads every weight of its linear layers once and computes little, so its
+floor is those bytes (in the compute dtype) over the memory's read bandwidth. A prefill is a large matmul, so its
+ceiling is the matmul throughput of the cores. The run measures both on this machine (a read of a 1 GiB tensor, a
+prefill-shaped matmul), then times ``TransformersGenerator`` on ``--batch`` random prompts of ``--prompt-tokens``
+tokens (a third of the rows left-padded by a tenth, as turns of unequal length are): ``1`` and ``--new-tokens`` new
+tokens, the difference over the extra steps being one decode step. ``before`` is the sampler before the in-place KV
+cache and the compute-dtype copy (``generate``'s own cache, autocast over the float32 weights); ``after`` is today's.
+The two alternate, ``--reps`` times each, and the medians are reported; both sample the same tokens for a seed.
+
+    python benchmarks/decode_pace.py                     # bf16 autocast where the CPU computes bf16, else float32
+    python benchmarks/decode_pace.py --bf16 false        # float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import taspo_trl.rollout.generation as generation
+from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.precision import choose_precision
+from taspo_trl.provenance import provenance, source_commit
+
+OUT = Path(__file__).parent / "results" / "decode_pace.json"
+
+
+def read_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
+    """GB/s of a sum over a ``gib`` GiB float32 tensor (reads it once; the best of ``reps``)."""
+    data = torch.ones(int(gib * 2**30 / 4))
+    best = min(_seconds(data.sum) for _ in range(reps))
+    return data.numel() * 4 / best / 1e9
+
+
+def matmul_throughput(rows: int, inner: int, outer: int, dtype: torch.dtype, reps: int = 5) -> float:
+    """TFLOP/s of a (rows x inner) @ (inner x outer) matmul in ``dtype`` (the best of ``reps``)."""
+    a, b = torch.randn(rows, inner).to(dtype), torch.randn(inner, outer).to(dtype)
+    best = min(_seconds(lambda: a @ b) for _ in range(reps))
+    return 2 * rows * inner * outer / best / 1e12
+
+
+def linear_weight_bytes(model: Any, dtype: torch.dtype) -> int:
+    """Bytes a decode step reads: every linear layer's weights (the output layer's included) in ``dtype``."""
+    element = torch.tensor([], dtype=dtype).element_size()
+    return sum(m.weight.numel() * element for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def _seconds(work: Any) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+@contextmanager
+def sampler_as_before(generator: generation.TransformersGenerator) -> Iterator[None]:
+    """``generate``'s own (concatenating) cache and autocast over the float32 weights, as before the speed-ups."""
+    kept_cache, kept_copy = generation.growing_cache, generator.compute_copy
+    generation.growing_cache, generator.compute_copy = (lambda model, capacity: None), None
+    try:
+        yield
+    finally:
+        generation.growing_cache, generator.compute_copy = kept_cache, kept_copy
+
+
+def prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(100, vocab, (length,), generator=rng).tolist() for _ in range(batch)]
+    return [row[length // 10 :] if k % 3 == 0 else row for k, row in enumerate(rows)]
+
+
+def time_sampler(generator: Any, batch_prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+    generator.max_new_tokens = new_tokens
+    generator.generation_kwargs["min_new_tokens"] = new_tokens  # no early stop: every row decodes every step
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    out = generator(batch_prompts)
+    return time.perf_counter() - started, [g.token_ids for g in out]
+
+
+def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) -> dict[str, Any]:
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    generator = generation.TransformersGenerator(model, tokenizer, temperature=1.0,
+                                                 autocast_dtype=torch.bfloat16 if bf16 else None)
+    batch_prompts = prompts(model.config.vocab_size, args.batch, args.prompt_tokens)
+    prompt_tokens = sum(len(p) for p in batch_prompts)
+    runs: dict[str, dict[str, list[float]]] = {"before": {"prefill": [], "step": []}, "after": {"prefill": [], "step": []}}
+    samples: dict[str, list[list[int]]] = {}
+    for _ in range(args.reps + 1):  # the first round warms both up and is not kept
+        for name in ("before", "after"):
+            context = sampler_as_before(generator) if name == "before" else _nothing()
+            with context:
+                one, _ = time_sampler(generator, batch_prompts, 1)
+                many, samples[name] = time_sampler(generator, batch_prompts, args.new_tokens)
+            runs[name]["prefill"].append(one)
+            runs[name]["step"].append((many - one) / (args.new_tokens - 1))
+    for name in runs:
+        runs[name] = {key: runs[name][key][1:] for key in runs[name]}
+    bandwidth = read_bandwidth(args.read_gib)
+    weights = linear_weight_bytes(model, dtype)
+    flops = matmul_throughput(prompt_tokens, model.config.hidden_size, model.config.intermediate_size, dtype)
+    limit_ms = weights / (bandwidth * 1e9) * 1e3
+    result: dict[str, Any] = {
+        "precision": "bf16 autocast" if bf16 else "float32",
+        "read_bandwidth_gb_s": round(bandwidth, 2),
+        "linear_weight_mb": round(weights / 1e6, 1),
+        "weight_read_limit_ms": round(limit_ms, 2),
+        "matmul_tflop_s": round(flops, 3),
+        "prefill_tokens": prompt_tokens,
+        "same_samples": samples["before"] == samples["after"],
+    }
+    for name, run in runs.items():
+        step_ms = statistics.median(run["step"]) * 1e3
+        prefill = statistics.median(run["prefill"])
+        result[name] = {
+            "decode_ms_per_step": round(step_ms, 2),
+            "times_the_limit": round(step_ms / limit_ms, 2),
+            "prefill_tokens_per_s": round(prompt_tokens / prefill, 1),
+            "prefill_tflop_s": round(2 * _parameters(model) * prompt_tokens / prefill / 1e12, 3),
+            "decode_ms_all": [round(s * 1e3, 2) for s in run["step"]],
+        }
+    result["decode_speedup"] = round(result["before"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
+    return result
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _parameters(model: Any) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=EMBEDDED_MODEL)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=300)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--read-gib", type=float, default=1.0, help="size of the tensor the bandwidth read sums")
+    parser.add_argument("--bf16", choices=("true", "false"), default=None,
+                        help="bf16 autocast (default: where the CPU computes bf16)")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args(argv)
+    commit = source_commit(__file__)
+    precision = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
+    path = resolve_model_path(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    result = {"settings": {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+                           "new_tokens": args.new_tokens, "reps": args.reps, "threads": torch.get_num_threads()},
+              **measure(model, tokenizer, args, precision.bf16),
+              "provenance": provenance(argv, __file__, commit=commit)}
+    print(f"{result['precision']}, {torch.get_num_threads()} threads, batch {args.batch}: read bandwidth "
+          f"{result['read_bandwidth_gb_s']} GB/s, linear weights {result['linear_weight_mb']} MB -> weight-read limit "
+          f"{result['weight_read_limit_ms']} ms a decode step; matmul {result['matmul_tflop_s']} TFLOP/s")
+    for name in ("before", "after"):
+        run = result[name]
+        print(f"{name:>7}: decode {run['decode_ms_per_step']} ms a step ({run['times_the_limit']}x the limit), "
+              f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
+    print(f"decode speed-up x{result['decode_speedup']}; same samples for the seed: {result['same_samples']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
