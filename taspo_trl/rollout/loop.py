@@ -198,6 +198,7 @@ def _apply_step(episode: Episode, result: StepResult) -> bool:
     episode.admissible = info.get("admissible_commands", episode.admissible)
     if info.get("error"):
         episode.trajectory.error = str(info["error"])
+    episode.trajectory.faults += [f"{k}: {v}" for k, v in info.items() if k != "error" and str(k).endswith("_error") and v]
     if not result.done and len(episode.trajectory.turns) < episode.limit:
         return False
     episode.trajectory.won = bool(info.get("won", False))

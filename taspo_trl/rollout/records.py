@@ -53,6 +53,15 @@ class Trajectory:
     """True when the episode hit the turn or context limit before the environment ended it."""
     error: str | None = None
     """Set when the environment failed (worker crash, exception); the trajectory then ends with reward 0."""
+    faults: list[str] = field(default_factory=list)
+    """Faults of steps that went on (a step's ``info["retrieval_error"]``, or any other ``info`` key ending in
+    ``_error``): the episode continued on a failure message, so it counts as failed in ``env/error_rate``, the
+    error guard and taspo-eval's error count, like one with ``error``."""
+
+    @property
+    def had_fault(self) -> bool:
+        """Whether the environment failed during this episode, at the end (``error``) or on the way (``faults``)."""
+        return self.error is not None or bool(self.faults)
 
     @property
     def num_turns(self) -> int:
