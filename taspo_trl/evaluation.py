@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -178,6 +177,7 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
         wins = [t for t in items if t.won]
         return {
             "n": len(items),
+            "errors": sum(_had_fault(t) for t in items),
             "success": len(wins) / len(items) if items else 0.0,
             "success_interval_95": list(wilson_interval(len(wins), len(items))),
             "score": sum(t.reward for t in items) / len(items) if items else 0.0,
@@ -185,6 +185,16 @@ def summarize(trajectories: list[Any]) -> dict[str, Any]:
         }
 
     return {"groups": {name: stats(items) for name, items in sorted(groups.items())}, "overall": stats(trajectories)}
+
+
+def _had_fault(trajectory: Any) -> bool:
+    """Whether the environment failed in this episode: at the end (``error``) or on a step it went on past."""
+    return bool(getattr(trajectory, "had_fault", getattr(trajectory, "error", None) is not None))
+
+
+class AllEpisodesFailed(RuntimeError):
+    """Every episode of a split ended with an environment error: a success rate over them would measure the
+    environment, not the model, so none is reported."""
 
 
 def transformers_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
@@ -270,66 +280,6 @@ def build_generator(model: Any, tokenizer: Any, args: EvalArguments) -> Any:
     return transformers_generator(model, tokenizer, args)
 
 
-class _DeadlineEnv:
-    """An environment whose ``reset``/``step``/``close`` give up after ``seconds``: the call goes on in a daemon
-    thread (Python cannot stop it) and raises ``TimeoutError``, which the pool turns into a failed episode. An
-    environment that timed out once is never called again."""
-
-    def __init__(self, env: Any, seconds: float) -> None:
-        self._env = env
-        self._seconds = seconds
-        self._hung: str | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._env, name)
-
-    @property
-    def env_name(self) -> str:
-        return getattr(self._env, "env_name", type(self._env).__name__)
-
-    def reset(self) -> Any:
-        return self._call("reset")
-
-    def step(self, action: str) -> Any:
-        return self._call("step", action)
-
-    def close(self) -> None:
-        if self._hung is None and hasattr(self._env, "close"):
-            self._call("close")
-
-    def _call(self, method: str, *args: Any) -> Any:
-        if self._hung is not None:
-            raise TimeoutError(self._hung)
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["value"] = getattr(self._env, method)(*args)
-            except BaseException as error:  # handed to the caller's thread, which decides
-                outcome["error"] = error
-
-        thread = threading.Thread(target=run, name=f"taspo-eval env {method}", daemon=True)
-        thread.start()
-        thread.join(self._seconds)
-        if thread.is_alive():
-            self._hung = f"environment {method} did not return within {self._seconds} s (env_step_timeout)"
-            raise TimeoutError(self._hung)
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-
-@dataclass
-class StepDeadline:
-    """An environment factory whose environments time out (``_DeadlineEnv``); picklable when ``factory`` is."""
-
-    factory: Any
-    seconds: float
-
-    def __call__(self, spec: dict[str, Any]) -> Any:
-        return _DeadlineEnv(self.factory(spec), self.seconds)
-
-
 def evaluate_rows(
     rows: list[dict[str, Any]],
     model: Any,
@@ -356,8 +306,6 @@ def evaluate_rows(
     skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
     generator = generate or transformers_generator(model, tokenizer, args)
     template = PromptTemplate(history_window=args.history_window)
-    if args.num_env_workers == 0:  # workers get the pool's hard timeout; in process, a deadline per call
-        env_factory = StepDeadline(env_factory, args.env_step_timeout)
     pool = EnvPool(env_factory, num_workers=args.num_env_workers, step_timeout=args.env_step_timeout)
     trajectories: list[Any] = []
     try:
@@ -383,9 +331,11 @@ def evaluate_rows(
                     f"({time.perf_counter() - began:.0f}s)", flush=True),
             )
             done = trajectories[-len(batch) :]
+            errors = sum(_had_fault(t) for t in done)
             print(
                 f"[taspo-eval] episodes {start + len(batch)}/{len(rows)}: success "
-                f"{sum(t.won for t in done)}/{len(batch)} in {time.perf_counter() - began:.0f}s",
+                f"{sum(t.won for t in done)}/{len(batch)}, environment errors {errors}/{len(batch)} "
+                f"in {time.perf_counter() - began:.0f}s",
                 flush=True,
             )
     finally:
@@ -465,9 +415,20 @@ def run_evaluation(args: EvalArguments, script_args: Any, setup: EvalSetup | Non
             **summarize(trajectories),
         }
         path = out_dir / f"{args.environment}_{split}.json"
-        path.write_text(json.dumps(result, indent=2))
         episodes = out_dir / f"{args.environment}_{split}_episodes.jsonl"
         episodes.write_text("".join(json.dumps(episode_record(t)) + "\n" for t in trajectories))
+        overall = result["overall"]
+        if overall["n"] and overall["errors"] == overall["n"]:
+            first = next((t.error or "; ".join(getattr(t, "faults", [])) for t in trajectories), "")
+            raise AllEpisodesFailed(
+                f"all {overall['n']} episodes of {args.environment}/{split} failed with an environment error (the "
+                f"first: {first[:300]}); no success rate is reported for them. The episodes, with their errors, "
+                f"are in {episodes}; fix the environment (or its server) and evaluate again."
+            )
+        if overall["errors"]:
+            print(f"[taspo-eval] {args.environment}/{split}: {overall['errors']} of {overall['n']} episodes failed "
+                  "with an environment error and count as failures (their errors are in the episodes file)", flush=True)
+        path.write_text(json.dumps(result, indent=2))
         print(f"[taspo-eval] wrote {path} and {episodes.name}", flush=True)
         results.append(result)
     table = "Success rate (%):\n\n" + (render_results_table if args.environment in PAPER_ENVS else render_groups_table)(results)
@@ -497,6 +458,7 @@ def episode_record(trajectory: Any) -> dict[str, Any]:
         "num_turns": trajectory.num_turns,
         "truncated": trajectory.truncated,
         "error": trajectory.error,
+        "faults": list(getattr(trajectory, "faults", [])),
         "actions": [turn.action for turn in trajectory.turns],
     }
 
@@ -547,7 +509,10 @@ def eval_main(argv: list[str] | None = None) -> None:
         setup = prepare_evaluation(args, script_args)
     except SETUP_ERRORS as error:
         fail(error)
-    run_evaluation(args, script_args, setup)
+    try:
+        run_evaluation(args, script_args, setup)
+    except AllEpisodesFailed as error:
+        fail(error)
 
 if __name__ == "__main__":
     eval_main()

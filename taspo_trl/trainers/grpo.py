@@ -63,6 +63,7 @@ from ..run_contract import (
     run_length_notes,
 )
 from .packing import merge, micro_batch_sizes, repack
+from .reward_checks import checked_reward_funcs
 from .sampling import EpochReplaySampler
 from .step import LastStep, StepView
 
@@ -104,14 +105,17 @@ class AgentGRPOConfig(GRPOConfig):
         env_step_timeout (`float`, defaults to `300.0`):
             Seconds an environment worker may take to reset or step its episodes of one turn. A worker past it,
             or one that died, is killed and replaced; its episodes end with an environment error. With
-            `env_workers=0` there is no hard timeout (a call in the training process cannot be interrupted
-            safely): use workers for environments that can hang.
+            `env_workers=0` each environment call gets this long on a helper thread: a call past it ends its
+            episode, but cannot be stopped and keeps its thread, so use workers for environments that can hang.
         max_env_error_rate (`float`, defaults to `0.5`):
             Training stops with an error, after saving a checkpoint, once `env/error_rate` has been above this for
             `env_error_patience` consecutive rollout batches: training on failed episodes is not training. 1.0
             turns the guard off.
         env_error_patience (`int`, defaults to `3`):
-            Consecutive rollout batches above `max_env_error_rate` before training stops.
+            Consecutive rollout batches above `max_env_error_rate` before training stops. An episode counts as
+            failed when it ended with an environment error or went on past a failed step (a step whose `info` has
+            a `*_error` key, e.g. Search-QA's `retrieval_error`). TASPO holds its analyzer's failed-call rate to
+            the same two settings.
         invalid_action_penalty (`float`, defaults to `0.0`):
             Subtracted from a trajectory's reward once per turn whose response had no valid action block.
         turn_balanced_loss (`bool`, defaults to `True`):
@@ -365,6 +369,8 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
         self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
         self._env_error_streak = 0
+        self._replaced_characters = 0  # invalid Unicode characters replaced up to the last logged batch
+        self._nan_reward_warned = False
         self.last_step = LastStep()  # the latest step's record, for inspection (notebooks, tests)
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
 
@@ -745,6 +751,14 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
         rewards = (rewards_per_func * self.reward_weights.to(self.accelerator.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        unscored = int(torch.isnan(rewards).sum())
+        if unscored and not self._nan_reward_warned:  # one line per run; TRL's own warning shows one row's kwargs
+            self._nan_reward_warned = True
+            logger.warning(
+                "%d of %d trajectories have no reward (every reward function gave None or NaN): as in TRL they get "
+                "advantage 0, stay out of their group's mean and std, and the logged reward averages the others "
+                "(no value when none is left). Said once per run.", unscored, len(rewards),
+            )
         return rewards_per_func, rewards
 
     def _batch_from_rows(self, rows: Rows, mode: str) -> dict[str, Any]:
@@ -814,7 +828,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
             self._metrics[mode]["credit/weight_max"].append(max(flat))
 
     def _log_agent_metrics(self, trajectories: list[Trajectory], rows: Rows, rollout_seconds: float, mode: str) -> None:
-        local = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.error is not None) for t in trajectories]
+        local = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.had_fault) for t in trajectories]
         everything = gather_object(local)
         invalid = [sum(not turn.action_valid for turn in t.turns) for t in trajectories]
         turns = [t.num_turns for t in trajectories]
@@ -828,6 +842,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         metrics["success/all"].append(sum(w for _, w, *_ in everything) / max(len(everything), 1))
         metrics["env/turns_mean"].append(sum(n for _, _, n, _, _ in everything) / max(len(everything), 1))
         metrics["env/truncated_rate"].append(sum(tr for *_, tr, _ in everything) / max(len(everything), 1))
+        # An episode that failed at the end (error) or went on past a failed step (faults, e.g. a retrieval error)
         error_rate = sum(e for *_, e in everything) / max(len(everything), 1)
         metrics["env/error_rate"].append(error_rate)
         if mode == "train":
@@ -836,6 +851,9 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         metrics["env/invalid_action_rate"].append(total_invalid / max(total_turns, 1))
         metrics["env/rollout_seconds"].append(rollout_seconds)
         metrics["rows/count"].append(float(len(rows)))
+        replaced = self.env_pool.replaced_characters + self.chat.replaced_characters
+        metrics["env/replaced_characters"].append(float(replaced - self._replaced_characters))
+        self._replaced_characters = replaced
 
     def _guard_env_error_rate(self, error_rate: float) -> None:
         """Stops a run whose episodes keep failing, after a checkpoint. The rate is gathered over all processes,
@@ -861,12 +879,12 @@ def _with_verified_reward(reward_funcs: Any) -> list[Any]:
     reward to the reward functions; its weight in ``reward_weights`` comes last (0 drops it)."""
     given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
     if environment_reward in given:
-        return given
+        return checked_reward_funcs(given)
     if given:
         names = ", ".join(getattr(f, "__name__", type(f).__name__) for f in given)
         logger.info("reward: %s plus environment_reward (the environment's verified reward, last in reward_weights)",
                     names)
-    return given + [environment_reward]
+    return checked_reward_funcs(given) + [environment_reward]
 
 
 def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> Any:
@@ -879,9 +897,9 @@ def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> 
                 f"No reward source: {trl_env.name} has no get_reward() and no reward_funcs were passed. Define "
                 "get_reward(self) -> float on the environment, or pass reward_funcs=[...]."
             )
-        return reward_funcs
+        return checked_reward_funcs(reward_funcs)
     given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
-    return given + [trl_env.reward_function()]
+    return checked_reward_funcs(given) + [trl_env.reward_function()]
 
 
 @contextmanager

@@ -174,4 +174,31 @@ class TASPOTrainer(AgentGRPOTrainer):
         )
         for name, value in guidance.metrics.items():
             self._metrics[mode][name].append(value)
+        calls = guidance.metrics.get("pi/analyzer_calls", 0.0)
+        if mode == "train" and calls:
+            self._guard_analyzer_errors(guidance.metrics.get("pi/analyzer_errors", 0.0) / calls, int(calls))
         return guidance.texts
+
+    def _guard_analyzer_errors(self, rate: float, calls: int) -> None:
+        """An analyzer whose calls keep failing leaves TASPO without PI (coverage 0: plain GRPO at TASPO's cost).
+        Its failed-call rate is held to the environments' limit: a warning for each batch above
+        ``max_env_error_rate``, and a stop, after a checkpoint, after ``env_error_patience`` such batches in a row.
+        The PI, and so the rate, is the same on every process, so all decide alike."""
+        args = self.args
+        streak = getattr(self, "_analyzer_error_streak", 0)
+        streak = streak + 1 if rate > args.max_env_error_rate else 0
+        self._analyzer_error_streak = streak
+        if not streak:
+            return
+        what = (f"{rate:.0%} of this batch's {calls} analyzer calls failed (above max_env_error_rate="
+                f"{args.max_env_error_rate}), {streak} batch(es) in a row")
+        if streak < args.env_error_patience:
+            logger.warning("%s: those trajectories get no PI; training stops after %d such batches (env_error_patience). "
+                           "The analyzer's errors are in the log above.", what, args.env_error_patience)
+            return
+        self._save_checkpoint(self.model, trial=None)
+        raise RuntimeError(
+            f"{what}: training stopped after saving checkpoint-{self.state.global_step} in {args.output_dir}, since "
+            "without PI TASPO is GRPO. Check the analyzer (analyzer_base_url / analyzer_model, the server's log, or "
+            "pi_source), or raise max_env_error_rate, and resume with --resume_from_checkpoint."
+        )
