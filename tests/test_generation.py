@@ -125,3 +125,34 @@ def test_a_stale_copy_would_be_caught(tied_model_dir, chat):
     before_refresh = _autocast_logits(stale, ids)
     assert not torch.allclose(before_refresh, _autocast_logits(model, ids), atol=1e-2)
     assert torch.equal(_autocast_logits(copier.of(model), ids), _autocast_logits(model, ids))
+
+
+def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_numbers(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    """The trainer's scoring passes (no grad, dropout off) run the sampler's copy, made once per run: their log-probs
+    equal those of autocast over the trained float32 weights, bit for bit."""
+    from cpu_config import cpu_trainer_kwargs
+    from datasets import Dataset
+    from toy_envs import locker_factory
+
+    import taspo_trl.trainers.grpo as grpo_module
+    from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
+
+    dataset = Dataset.from_list([{"prompt": encode_task_prompt({"target": 1 + k, "max_turns": 2})} for k in range(2)])
+    config = AgentGRPOConfig(**cpu_trainer_kwargs(tmp_path / "out", max_completion_length=8, bf16=True))
+    trainer = AgentGRPOTrainer(model=tiny_model_dir, args=config, train_dataset=dataset, env_factory=locker_factory)
+    try:
+        batch = trainer._generate_and_score_completions([dict(r) for r in dataset] * 4)
+        copier = trainer._compute_dtype_copy
+        assert copier is not None and copier._source() is trainer.model
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        keep = batch["completion_ids"].size(1)
+        with torch.no_grad():
+            with_copy = trainer._snapshot_logprobs(ids, mask, keep)
+            monkeypatch.setattr(grpo_module, "trainer_compute_copy", lambda trainer: None)
+            without = trainer._snapshot_logprobs(ids, mask, keep)
+        assert torch.equal(with_copy, without)
+        assert trainer._compute_dtype_copy is copier  # one copy for the run
+    finally:
+        trainer.close()

@@ -84,6 +84,8 @@ class TransformersGenerator:
             autocast wrapper Accelerate puts on ``forward``, so without this a float32 model samples in float32.
             On CPU the sampler then runs a ``ComputeDtypeCopy`` of the model, whose linear weights are already in
             that dtype: the same numbers as autocast over the float32 weights, without re-casting them every step.
+        compute_copy: that copy, where the caller keeps one across calls (``trainer_compute_copy``); default: the
+            generator's own.
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class TransformersGenerator:
         model_context: Callable[[], Any] | None = None,
         generation_kwargs: dict[str, Any] | None = None,
         autocast_dtype: torch.dtype | None = None,
+        compute_copy: ComputeDtypeCopy | None = None,
     ):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 decodes greedily), got {temperature}.")
@@ -117,7 +120,9 @@ class TransformersGenerator:
         self.model_context = model_context or (lambda: nullcontext(self.model))
         self.generation_kwargs = dict(generation_kwargs or {})
         self.autocast_dtype = autocast_dtype
-        self.compute_copy = ComputeDtypeCopy(autocast_dtype) if autocast_dtype is not None else None
+        if compute_copy is None and autocast_dtype is not None:
+            compute_copy = ComputeDtypeCopy(autocast_dtype)
+        self.compute_copy = compute_copy
 
     def __call__(self, prompts: list[list[int]]) -> list[Generation]:
         if not prompts:
@@ -278,6 +283,7 @@ class ComputeDtypeCopy:
                 for name, tensor in list(module.named_parameters(recurse=False)):
                     setattr(module, name, torch.nn.Parameter(tensor.detach().to(self.dtype), requires_grad=False))
         mirror.requires_grad_(False)
+        mirror.eval()  # it only samples and scores: no dropout, whatever mode the trained model is in
         mirrored = dict(mirror.named_modules())
         self._pairs = [(tensor, getattr(mirrored[path], name))
                        for path, module in model.named_modules()
@@ -338,6 +344,17 @@ def sampling_autocast_dtype(args: Any) -> torch.dtype | None:
     return None
 
 
+def trainer_compute_copy(trainer: Any) -> ComputeDtypeCopy | None:
+    """The trainer's one ``ComputeDtypeCopy`` (made on first use), shared by its sampler and its no-grad scoring
+    passes, so that it is made once per run and refreshed once per optimizer step; ``None`` in full precision."""
+    dtype = sampling_autocast_dtype(trainer.args)
+    if dtype is None:
+        return None
+    if getattr(trainer, "_compute_dtype_copy", None) is None:
+        trainer._compute_dtype_copy = ComputeDtypeCopy(dtype)
+    return trainer._compute_dtype_copy
+
+
 def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Generator:
     """The generator a ``GRPOTrainer`` would use: TRL's vLLM path when enabled, else ``transformers`` with
     sampling log-probs, on the model unwrapped for generation (DDP / DeepSpeed ZeRO-3 gathered)."""
@@ -363,4 +380,5 @@ def generator_for_trainer(trainer: Any, batch_size: int | None = None) -> Genera
         ),
         generation_kwargs=sampling_settings(args),
         autocast_dtype=sampling_autocast_dtype(args),
+        compute_copy=trainer_compute_copy(trainer),
     )

@@ -53,7 +53,7 @@ from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
-from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype
+from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype, trainer_compute_copy
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
@@ -417,10 +417,10 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
     @contextmanager
     def _scoring_passes(self) -> Iterator[None]:
-        """One autocast region around a step's scoring forwards (each chunk of ``_snapshot_logprobs`` opens its
-        own inside it). Autocast keeps its bf16/fp16 copy of a weight that requires grad until the outermost region
-        ends, so chunks scored in regions of their own re-cast every weight per chunk: about an eighth of a
-        600-token forward of the 135M model on a CPU. The weights do not change between the passes of a step."""
+        """One no-grad autocast region around a step's scoring forwards (each chunk of ``_snapshot_logprobs`` opens
+        its own inside it). On CPU those forwards run the sampler's ``ComputeDtypeCopy``, whose linear weights are
+        already in the compute dtype, so no chunk re-casts them; the weights do not change between the passes of a
+        step."""
         with torch.no_grad(), self.accelerator.autocast():
             yield
 
@@ -513,6 +513,10 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
                 **multimodal,
             )
+        scoring = not torch.is_grad_enabled() and model is self.model and not _dropout_is_active(model)
+        copier = trainer_compute_copy(self) if scoring else None
+        if copier is not None:  # a no-grad pass of the current weights: the sampler's compute-dtype copy, same numbers
+            model = copier.of(self.accelerator.unwrap_model(model))
         step = batch_size or input_ids.size(0)
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), step):
