@@ -156,3 +156,15 @@ def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_nu
         assert trainer._compute_dtype_copy is copier  # one copy for the run
     finally:
         trainer.close()
+
+
+def test_weights_loaded_as_new_tensors_make_a_new_copy(tied_model_dir, chat):
+    """``load_state_dict(assign=True)`` puts new tensors in the model (their version counters start afresh)."""
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    copier = ComputeDtypeCopy(torch.bfloat16)
+    first = copier.of(model)
+    moved = {k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()}
+    model.load_state_dict(moved, assign=True)
+    ids = torch.tensor([chat.first_prompt_ids("open the locker")])
+    assert copier.of(model) is not first
+    assert torch.equal(_autocast_logits(copier.of(model), ids), _autocast_logits(model, ids))

@@ -265,7 +265,8 @@ class ComputeDtypeCopy:
         self._versions: list[int] = []
 
     def of(self, model: Any) -> Any:
-        if self._source is None or self._source() is not model:
+        if self._source is None or self._source() is not model or [id(t) for t in _own_tensors(model)] != [
+                id(source) for source, _ in self._pairs]:  # another model, or tensors replaced (assign=True loads)
             self._make(model)
         versions = [source._version for source, _ in self._pairs]
         if versions != self._versions:
@@ -285,11 +286,15 @@ class ComputeDtypeCopy:
         mirror.requires_grad_(False)
         mirror.eval()  # it only samples and scores: no dropout, whatever mode the trained model is in
         mirrored = dict(mirror.named_modules())
-        self._pairs = [(tensor, getattr(mirrored[path], name))
-                       for path, module in model.named_modules()
-                       for name, tensor in module.named_parameters(recurse=False)]
+        self._pairs = [(tensor, getattr(mirrored[path], name)) for path, name, tensor in _own_tensors(model, named=True)]
         self._copy, self._source = mirror, weakref.ref(model)
         self._versions = [source._version for source, _ in self._pairs]
+
+
+def _own_tensors(model: Any, named: bool = False) -> list[Any]:
+    """Each module's own parameters, module by module (a tied weight once per module that holds it)."""
+    return [(path, name, tensor) if named else tensor
+            for path, module in model.named_modules() for name, tensor in module.named_parameters(recurse=False)]
 
 
 class TRLGenerator:
