@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState, PartialState
 from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from trl.trainer.utils import pad
@@ -65,8 +66,26 @@ def game(tmp_path_factory):
     return games[0]
 
 
+_ACCELERATE_STATES = (PartialState, AcceleratorState, GradientState)
+
+
+@pytest.fixture
+def shared(kept_trainer):
+    """The module's one trainer and batch, with accelerate's process state as it was when the trainer was built.
+
+    accelerate keeps that state in class-level dictionaries that any new ``TrainingArguments`` clears and
+    rebuilds: under ``--dist worksteal`` another file's test can run on this worker between two of these tests and
+    leave the kept trainer's ``Accelerator`` without ``num_processes``. Each test puts the kept state back first.
+    """
+    trainer, seen, states = kept_trainer
+    for cls, state in zip(_ACCELERATE_STATES, states, strict=True):
+        cls._shared_state.clear()
+        cls._shared_state.update(state)
+    return trainer, seen
+
+
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory, tiny_model_dir, game):
+def kept_trainer(tmp_path_factory, tiny_model_dir, game):
     """A trainer whose teacher context is the shipped ALFWorld skills, and one scripted batch."""
     dataset = Dataset.from_list(task_spec_rows([game]))
     trainer = BaselineTrainer(
@@ -85,7 +104,7 @@ def shared(tmp_path_factory, tiny_model_dir, game):
         return scored[key]
 
     trainer._teacher_scores = reuse
-    yield trainer, seen
+    yield trainer, seen, [dict(cls._shared_state) for cls in _ACCELERATE_STATES]
     trainer.close()
 
 
@@ -479,3 +498,19 @@ def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_mod
     assert "The method is from [Feng et al.](https://huggingface.co/papers/2505.10978)" in card
     assert "2402.03300" not in card
     assert "gigpo" in card.split("---")[1]  # the method's tag
+
+
+def test_another_test_on_this_worker_resets_accelerates_state(tmp_path):
+    """What a test of another file does when it runs on this worker between two tests here (``--dist
+    worksteal``): new ``TrainingArguments``, which clear accelerate's shared process state and build their own.
+    The next test checks that the kept trainer survives it."""
+    BaselineConfig(**cpu_trainer_kwargs(tmp_path / "other", baseline="gigpo")).device  # noqa: B018 - builds the state
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def test_the_kept_trainer_works_after_another_test_reset_accelerates_state(shared):
+    trainer, seen = shared
+    assert trainer.accelerator.num_processes == 1 and trainer.accelerator.is_main_process
+    got = _advantages_with(trainer, seen, baseline="gigpo")
+    assert [len(t) for t in got] == [t.num_turns for t in seen["trajectories"]]
