@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from taspo_trl import checkpoints
 from taspo_trl.checkpoints import COMPLETE, LOCK, STARTED, CheckpointSaving, begin_save, end_save
 from taspo_trl.run_contract import check_resume_target, resume_checkpoint
+from test_run_contract import games_dir  # noqa: F401 - the fixture: one generated ALFWorld game per task family
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {"trainer": "AgentGRPOTrainer", "base_model": "tiny", "peft": False,
@@ -243,16 +244,6 @@ def _run(*argv: str, cwd: Path, env: dict | None = None, module: str = "taspo_tr
     command = [sys.executable, "-m", module, *argv] if module else [sys.executable, *argv]
     return subprocess.run(command, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})},
                           capture_output=True, text=True, timeout=600, **kwargs)
-
-
-@pytest.fixture(scope="module")
-def games_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("alfworld")
-    from taspo_trl.envs.alfworld import generate_games
-
-    folder = tmp_path_factory.mktemp("games")
-    generate_games(folder, 1, 0, "train")
-    return folder
 
 
 def _train_argv(tiny_model_dir: str, games_dir: Path, output_dir: Path, *extra: str) -> list[str]:
