@@ -41,3 +41,27 @@ def test_the_results_are_those_of_the_last_logged_step() -> None:
                {"eval_success/all": 0.5, "eval_loss": 0.3, "step": 2}]
     assert last_metrics(history) == {"success/all": 0.75, "success/cool": 0.5, "reward": 0.75,
                                      "eval_success/all": 0.5, "eval_loss": 0.3}
+
+
+def test_a_python_sft_save_writes_this_projects_card(tiny_model_dir, embedded_tokenizer, tmp_path: Path) -> None:
+    """``AgentSFTTrainer.save_model`` from Python (not only through taspo-train) writes the agent card, as the RL
+    trainers do, for a full model and for a LoRA adapter (whose save would otherwise keep PEFT's blank card)."""
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+    from taspo_trl.trainers.sft import AgentSFTConfig, AgentSFTTrainer, demonstration_sft_dataset
+
+    games = generate_games(tmp_path / "games", 1, 0, "train", task_types=["pick_and_place_simple"])
+    tokenizer = embedded_tokenizer.__class__.from_pretrained(tiny_model_dir)
+    for name, peft_config in (("full", None), ("lora", LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))):
+        config = AgentSFTConfig(output_dir=str(tmp_path / name), history_window=1, use_cpu=True, bf16=False,
+                                gradient_checkpointing=False, max_length=None, report_to="none")
+        dataset = demonstration_sft_dataset(task_spec_rows(games), tokenizer, config)
+        trainer = AgentSFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=config,
+                                  train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
+        trainer.save_model()
+        card = (tmp_path / name / "README.md").read_text()
+        assert "trained with **SFT**" in card and "taspo-trl" in card, card[:600]
+        assert "taspo-eval --model_name_or_path" in card and "fine-tuned version of" not in card
+        assert ("as a LoRA adapter" in card) is (peft_config is not None)

@@ -26,6 +26,7 @@ import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
 from ..envs import get_env_factory
+from ..model_card import AgentModelCard
 from ..precision import resolve_config_precision
 from ..envs.base import PromptTemplate, encode_task_prompt, task_spec_from_row
 from ..privileged.analyzers import RuleBasedAnalyzer
@@ -306,9 +307,10 @@ def freeze_lower_layers(model: Any, count: int) -> None:
         layer.requires_grad_(False)
 
 
-class AgentSFTTrainer(SFTTrainer):
+class AgentSFTTrainer(AgentModelCard, SFTTrainer):
     """`trl.SFTTrainer`, called exactly like it; on a CPU its fused LM head scores only the response tokens, and
-    `args.frozen_layers` fixes the lowest layers."""
+    `args.frozen_layers` fixes the lowest layers. `save_model` writes this project's model card (the Hub model the
+    run started from, the environment, how to play it), as the RL trainers' does."""
 
     _tag_names = ["trl", "sft", "taspo-trl", "agent", "warm-start"]
 
