@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from taspo_trl.precision import choose_precision
+from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.warmstart import (
     WARM_STARTS,
     build_environment,
@@ -41,6 +43,7 @@ from taspo_trl.warmstart import (
 )
 
 NAME = "embedded:smollm2-135m-alfworld"
+TIMING = Path(__file__).parent / "results" / "warm_start_build.json"  # what the results page shows of a build
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
@@ -99,10 +102,16 @@ def main() -> None:
         except ValueError as problem:
             raise SystemExit(str(problem)) from None
         return
+    commit = source_commit(__file__)
     if not args.check:
         record = build(args.name, shipped, bf16)
         size = (shipped / ADAPTER_FILES[0]).stat().st_size / 1e6
         print(f"wrote {shipped} ({size:.1f} MB adapter) in {record['build_seconds']:.0f}s", flush=True)
+        max_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        TIMING.write_text(json.dumps({
+            "name": args.name, "examples": record["examples"], "build_seconds": record["build_seconds"],
+            "max_rss_gb": round(max_rss_gb, 1), "built_with": record["built_with"],
+            "provenance": provenance(None, __file__, commit=commit)}, indent=2) + "\n")
         return
     with tempfile.TemporaryDirectory(prefix="warm-start-check-") as folder:
         record = build(args.name, Path(folder), bf16)

@@ -284,6 +284,40 @@ def quickstart(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def decode_pace(*results: dict[str, Any]) -> str:
+    """The CPU sampler against the hardware: decode ms per token step beside the weight-read limit, prefill
+    throughput beside the matmul throughput, before and after its speed-ups, one row per run (precision)."""
+    lines = ["| precision | sampler | decode ms a step | x the weight-read limit | prefill tokens/s | prefill TFLOP/s |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        for name in ("before", "after"):
+            run = r[name]
+            lines.append(f"| {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | {run['times_the_limit']:.2f} | "
+                         f"{run['prefill_tokens_per_s']:.0f} | {run['prefill_tflop_s']:.3f} |")
+    for r in results:
+        s = r["settings"]
+        lines += ["", f"{r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token prompts, {s['new_tokens']} new "
+                  f"tokens, {s['threads']} threads, medians of {s['reps']}; read bandwidth {r['read_bandwidth_gb_s']} GB/s "
+                  f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
+                  f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; the same samples for a "
+                  f"seed: {'yes' if r['same_samples'] else 'NO'}."]
+    return "\n".join(lines)
+
+
+def warm_start_build(result: dict[str, Any]) -> str:
+    """How long the shipped warm start's build took, on what, in which precision."""
+    built = result["built_with"]
+    minutes, seconds = divmod(round(result["build_seconds"]), 60)
+    hours, minutes = divmod(minutes, 60)
+    versions = ", ".join(f"{name} {version}" for name, version in built["versions"].items() if version)
+    lines = [f"`{result['name']}`: {hours} h {minutes:02d} min {seconds:02d} s over {result['examples']:,} SFT rows in "
+             f"{'bf16 autocast' if built['bf16'] else 'float32'}, {built['torch_threads']} threads, max RSS "
+             f"{result['max_rss_gb']} GB ({versions})."]
+    if result.get("note"):
+        lines += ["", result["note"]]
+    return "\n".join(lines)
+
+
 def warm_start(*results: dict[str, Any]) -> str:
     """The warm starts' greedy play on unseen games and sampled groups on fresh train games, one row per model."""
     models = [model for result in results for model in result["models"]]
@@ -359,6 +393,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("The first command from a fresh clone", QUICKSTART, quickstart),
     ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
+    ("The warm start's build", ("warm_start_build.json",), warm_start_build),
     ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
      gpu_check),
