@@ -31,7 +31,9 @@ class AgentScriptArguments:
         task_source (`str`, defaults to `"embedded"`): Search-QA: `embedded` or a folder of the official
             Search-R1 files; WebShop: `embedded`.
         task_split (`str`, defaults to `"train"`): Search-QA `train`/`test`; WebShop `train`/`eval`.
-        datasets (`list[str]` or `None`): Search-QA datasets to use from `task_source` (default: all found).
+        search_datasets (`list[str]` or `None`): Search-QA question sets to use from `task_source` (`nq`,
+            `hotpotqa`, ...; default: all found). Not TRL's dataset arguments: the rows are built from the
+            environment's tasks. Called `datasets` before 0.2; that key is refused with a message naming this one.
         retriever (`str`, defaults to `"embedded"`): Search-QA retriever: `embedded` (bm25s over the shipped
             corpus) or the URL of a Search-R1-style retrieval server (`http://127.0.0.1:8000`).
         retrieval_topk (`int`, defaults to `3`): Search-QA documents per search.
@@ -56,7 +58,9 @@ class AgentScriptArguments:
     games_split: str = field(default="train", metadata={"help": "Generator split."})
     task_source: str = field(default="embedded", metadata={"help": "Search-QA/WebShop task source."})
     task_split: str = field(default="train", metadata={"help": "Search-QA/WebShop split."})
-    datasets: list[str] | None = field(default=None, metadata={"help": "Search-QA datasets."})
+    search_datasets: list[str] | None = field(
+        default=None, metadata={"help": "Search-QA question sets from task_source (nq, hotpotqa, ...; default all)."}
+    )
     retriever: str = field(default="embedded", metadata={"help": "Search-QA retriever: embedded or a URL."})
     retrieval_topk: int = field(default=3, metadata={"help": "Search-QA documents per search."})
     webshop_url: str | None = field(default=None, metadata={"help": "Official WebShop server URL."})
@@ -157,6 +161,18 @@ def _check_recipe_shape(path: Path, program: str) -> None:
         )
 
 
+# Settings that were renamed: the old name is refused with the new one (no silent alias, which would let a recipe
+# written for TRL, where `datasets` means something else, pass unread).
+RENAMED_SETTINGS = {
+    "datasets": "search_datasets",  # Search-QA's question sets, not TRL's dataset arguments
+}
+
+
+def _renamed(name: str, where: str, prefix: str = "") -> ValueError:
+    new = RENAMED_SETTINGS[name]
+    return ValueError(f"{where}: the setting {prefix}{name} is now called {prefix}{new} (the same values); rename it")
+
+
 def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True) -> None:
     """Refuse a ``--flag`` (and, with ``check_recipe``, a key of the ``--config`` recipe) that names no field of
     ``parser``'s dataclasses, suggesting the closest real one: TRL's own message lists the unknown names and
@@ -172,12 +188,16 @@ def check_setting_names(parser: Any, argv: list[str], check_recipe: bool = True)
         path = argv[argv.index("--config") + 1]
         recipe = load_yaml(path) or {}
         for key in recipe:
+            if key in RENAMED_SETTINGS and key not in fields:
+                raise _renamed(key, f"--config {path}")
             if key != "env" and key not in fields:  # `env:` is TRL's block of environment variables
                 raise ValueError(f"--config {path}: unknown setting {key!r}{_closest(str(key), fields)}")
     for token in argv:
         flag = token.split("=", 1)[0]
         if not flag.startswith("--") or flag == "--config" or flag in flags:
             continue
+        if flag[2:] in RENAMED_SETTINGS:
+            raise _renamed(flag[2:], "command line", prefix="--")
         raise ValueError(f"unknown flag {flag}{_closest(flag[2:], fields, prefix='--')}")
 
 

@@ -41,7 +41,7 @@ def _cpu_overrides(recipe: Path, tmp_path: Path, games_dir: Path, tiny_model_dir
     per_step = data.get("per_device_train_batch_size", 8) * steps // data.get("num_generations", 8)
     argv += ["--games_dir", str(games_dir), "--max_tasks", str(max(4, per_step))]
     if data.get("environment") == "search":
-        argv += ["--task_source", "embedded", "--retriever", "embedded", "--datasets", "embedded_single"]
+        argv += ["--task_source", "embedded", "--retriever", "embedded", "--search_datasets", "embedded_single"]
     if data.get("teacher_model_name_or_path"):
         argv += ["--teacher_model_name_or_path", tiny_model_dir]
     return argv

@@ -211,3 +211,21 @@ def test_an_unknown_flag_suggests_the_closest_field(tmp_path, module, program, t
     done = _run(module, "--config", "alfworld_grpo_cpu", typo, "4", cwd=tmp_path)
     line = _one_line_error(done, program)
     assert typo in line and f"did you mean --{field}?" in line
+
+
+@pytest.mark.parametrize(("module", "program", "where"), [
+    ("taspo_trl.cli", "taspo-train", "recipe"),
+    ("taspo_trl.cli", "taspo-train", "flag"),
+    ("taspo_trl.evaluation", "taspo-eval", "flag"),
+])
+def test_the_old_datasets_key_names_search_datasets(tmp_path, module, program, where):
+    """`datasets` meant Search-QA's question sets, unlike TRL's; it is now `search_datasets`, and the old key is
+    refused in one line naming the new one (never read as an alias)."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("method: grpo\nenvironment: search\nuse_cpu: true\nreport_to: none\n"
+                      + ("datasets: [nq]\n" if where == "recipe" else ""))
+    extra = ["--datasets", "nq"] if where == "flag" else []
+    done = _run(module, "--config", str(recipe), *extra, "--output_dir", str(tmp_path / "out"), cwd=tmp_path)
+    line = _one_line_error(done, program)
+    assert "datasets is now called" in line and "search_datasets" in line, line
+    assert not (tmp_path / "out").exists()

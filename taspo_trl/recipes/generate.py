@@ -332,7 +332,7 @@ def paper_env_block(env: str) -> list[str]:
         ]
     return [
         "# Search-R1's NQ + HotpotQA training files and its e5 + wiki-18 retrieval server (envs/search/README.md).",
-        "environment: search", "task_source: data/searchr1", "task_split: train", "datasets: [nq, hotpotqa]",
+        "environment: search", "task_source: data/searchr1", "task_split: train", "search_datasets: [nq, hotpotqa]",
         "retriever: http://127.0.0.1:8000", "retrieval_topk: 3",
     ]
 

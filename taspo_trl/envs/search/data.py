@@ -149,11 +149,11 @@ def load_questions(source: str = EMBEDDED, split: str = "train", datasets: Itera
 
 def search_rows_from_settings(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:
     """Search-QA's ``TaskRowBuilder``: ``search_task_rows`` of the settings' ``task_source``, ``task_split``,
-    ``datasets``, ``max_tasks``, ``retriever`` and ``retrieval_topk``."""
+    ``search_datasets``, ``max_tasks``, ``retriever`` and ``retrieval_topk``."""
     return search_task_rows(
         source=settings["task_source"],
         split=settings["task_split"],
-        datasets=settings["datasets"],
+        datasets=settings["search_datasets"],
         max_tasks=settings["max_tasks"],
         retriever=settings["retriever"],
         topk=settings["retrieval_topk"],
