@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .cache_manifest import adopt_or_check, structural_problem, write_manifest
+from .cache_manifest import MANIFEST_NAME, adopt_or_check, structural_problem, write_manifest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -76,6 +76,8 @@ def resolve_model_path(name_or_path: str) -> str:
     if (target / _COMPLETE_MARKER).is_file():
         problem = adopt_or_check(target)
         if problem is None:
+            if not _records_hub_id(target):
+                _record_hub_id_in_cache(target)
             return str(target)
         print(f"taspo_trl: warning: the cached embedded model is damaged ({problem}); rebuilding it", file=sys.stderr,
               flush=True)
@@ -190,6 +192,7 @@ def _convert_atomically(target: Path) -> None:
     tmp = owned_temporary_dir(target)
     try:
         _export_gguf(gguf_path, tmp)
+        record_hub_id(tmp)
         write_manifest(tmp)
         try:
             os.rename(tmp, target)
@@ -198,6 +201,68 @@ def _convert_atomically(target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def record_hub_id(folder: Path) -> None:
+    """Make ``folder/config.json`` name the Hub model the embedded GGUF file quantizes, as a config downloaded from
+    the Hub does: ``_name_or_path`` is :data:`EMBEDDED_HUB_ID`, and the GGUF file's ``general.name``
+    (``_model_name_or_path``, "Smollm2 135M 8k Lc100K Mix1 Ep2"), which every model saved from this one would carry
+    on, is dropped. Loading the folder still sets the in-memory ``name_or_path`` to the folder (what PEFT records as
+    an adapter's base, loadable offline); the model card maps the folder to the Hub id."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.pop("_model_name_or_path", None)
+    config = {"_name_or_path": EMBEDDED_HUB_ID, **{k: v for k, v in config.items() if k != "_name_or_path"}}
+    path.write_text(json.dumps(config, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def _records_hub_id(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True  # not for this check to judge: adopt_or_check has passed it
+    return config.get("_name_or_path") == EMBEDDED_HUB_ID and "_model_name_or_path" not in config
+
+
+def _record_hub_id_in_cache(target: Path) -> None:
+    """Bring a conversion made by an earlier taspo-trl (its config.json names the GGUF file, not the Hub model) up to
+    date once, without converting again: a sibling folder gets hard links to its weights and tokenizer, the new
+    config.json and a manifest, and is swapped into place by renames, under a lock (the ranks of one launch: one
+    does it, the others wait and find it done). A read-only cache is left as it is, with a note."""
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _records_hub_id(target):
+            return
+        print(f"taspo_trl: recording the Hub id {EMBEDDED_HUB_ID} in the cached embedded model's config.json "
+              f"(once; {target} was converted by an earlier taspo-trl; the weights are kept, not converted again)",
+              file=sys.stderr, flush=True)
+        work = owned_temporary_dir(target)
+        try:
+            for source in target.iterdir():
+                if source.name == "config.json":
+                    shutil.copy2(source, work / source.name)  # its own inode: rewritten below
+                elif source.is_file() and source.name != MANIFEST_NAME:
+                    try:
+                        os.link(source, work / source.name)
+                    except OSError:
+                        shutil.copy2(source, work / source.name)
+            record_hub_id(work)
+            write_manifest(work)
+            work.chmod(0o755)
+            stale = owned_temporary_dir(target, kind="stale")
+            stale.rmdir()
+            os.rename(target, stale)
+            try:
+                os.rename(work, target)
+            except OSError:
+                os.rename(stale, target)  # put the working conversion back
+                raise
+            shutil.rmtree(stale, ignore_errors=True)
+        except OSError as error:
+            print(f"taspo_trl: note: could not update {target} ({error}); it is used as it is", file=sys.stderr,
+                  flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # A killed build leaves its hidden sibling behind; the owner's pid and host in the name let a later build tell a

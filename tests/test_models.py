@@ -291,3 +291,43 @@ def test_adapter_folders_are_checked_through_their_base_model(tmp_path: Path) ->
     with pytest.raises(OSError, match="not valid JSON"):
         check_model_reference(broken)
 
+
+
+def test_the_converted_model_records_its_hub_id_and_an_earlier_conversion_is_updated_once(
+    embedded_model_path: str, empty_cache: Path, monkeypatch, capsys
+) -> None:
+    """config.json names HuggingFaceTB/SmolLM2-135M-Instruct (``_name_or_path``, as a Hub download does), not the
+    GGUF file's general name. A conversion made by an earlier taspo-trl is updated once, with a message, keeping its
+    weights (hard links: no second conversion), and then used as it is; loading it still gives the folder as the
+    in-memory ``name_or_path`` (what PEFT records as an adapter's base, loadable offline)."""
+    import json
+
+    from taspo_trl.cache_manifest import adopt_or_check, write_manifest
+    from taspo_trl.models import EMBEDDED_HUB_ID
+
+    folder = embedded_model_dir()
+    make_tiny_model_dir(folder, tokenizer_source=embedded_model_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({"_model_name_or_path": "Smollm2 135M 8k Lc100K Mix1 Ep2", **config}))
+    write_manifest(folder)  # as the earlier taspo-trl left it
+    weights = folder / "model.safetensors"
+    inode, data = weights.stat().st_ino, weights.read_bytes()
+    monkeypatch.setattr(models, "_export_gguf", _forbid_conversion)
+
+    assert resolve_model_path("embedded") == str(folder)
+    assert "recording the Hub id HuggingFaceTB/SmolLM2-135M-Instruct" in capsys.readouterr().err
+    written = json.loads((folder / "config.json").read_text())
+    assert written["_name_or_path"] == EMBEDDED_HUB_ID and "_model_name_or_path" not in written
+    assert weights.stat().st_ino == inode and weights.read_bytes() == data
+    assert adopt_or_check(folder) is None
+    assert sorted(p.name for p in (empty_cache / "models").iterdir()) == [".smollm2-135m-instruct.lock", "smollm2-135m-instruct"]
+    assert resolve_model_path("embedded") == str(folder) and capsys.readouterr().err == ""
+    assert AutoModelForCausalLM.from_pretrained(folder).config.name_or_path == str(folder)
+
+    # A new conversion records it from the start.
+    monkeypatch.setenv("TASPO_TRL_CACHE", str(empty_cache / "fresh"))
+    monkeypatch.setattr(models, "_export_gguf", lambda gguf, out: (out / "config.json").write_text(
+        json.dumps({"_model_name_or_path": "Smollm2 135M 8k Lc100K Mix1 Ep2", "model_type": "llama"})))
+    fresh = Path(resolve_model_path("embedded"))
+    assert json.loads((fresh / "config.json").read_text())["_name_or_path"] == EMBEDDED_HUB_ID
+    assert "recording" not in capsys.readouterr().err
