@@ -380,6 +380,7 @@ CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games an
 CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the shipped 240-game warm start, fresh games, bf16
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval.json")  # the previous warm start, the shipped one
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")
+DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
 QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
@@ -392,6 +393,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("The first command from a fresh clone", QUICKSTART, quickstart),
+    ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
     ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
     ("The warm start's build", ("warm_start_build.json",), warm_start_build),
     ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
