@@ -422,6 +422,89 @@ def save_failed(error: BaseException, folder: Path, what: str) -> SaveFailed:
     return failure
 
 
+# ---- resuming ----------------------------------------------------------------------------------------------------
+
+
+_REPORTED: set[tuple[str, str]] = set()  # skipped checkpoints already reported by this process
+
+
+def resume_checkpoint(output_dir: str, resume_from_checkpoint: str | bool | None) -> Path | None:
+    """The checkpoint folder a resume loads: for ``True``, the newest *complete* ``checkpoint-N`` of ``output_dir``
+    (``save_problem`` tells complete from cut off); each newer one it skips is reported once, with
+    the reason, and left where it is (the resumed run writes over it when it reaches that step). None when there
+    is nothing to resume."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is not True:
+        return Path(resume_from_checkpoint)
+    checkpoint, skipped = find_resumable(output_dir)
+    for folder, problem in skipped:
+        if (str(folder), problem) not in _REPORTED:
+            _REPORTED.add((str(folder), problem))
+            goes_on = f"resuming from {checkpoint.name}" if checkpoint else "no complete checkpoint: training from step 0"
+            logger.warning(f"skipping {folder}: incomplete ({problem}); {goes_on}. It is left in place, and the run "
+                           f"saves over it when it reaches step {folder.name.split('-')[1]}")
+    return checkpoint
+
+
+def check_resume_target(output_dir: str, resume_from_checkpoint: str | bool | None) -> None:
+    """Refuse a resume with nothing to resume from before any work: transformers finds out only in ``train()``,
+    after the games and the model are loaded. ``True`` over a folder whose checkpoints are all cut off trains from
+    step 0 (with a warning naming them): that is where the run stands.
+
+    Raises:
+        ValueError: ``True`` with no ``checkpoint-N`` in ``output_dir``; a checkpoint path that is not a folder, or
+            whose save is incomplete (naming why, and the newest complete one to resume instead).
+    """
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return
+    if resume_from_checkpoint is True:
+        if not checkpoints_newest_first(output_dir):
+            raise ValueError(
+                f"resume_from_checkpoint true, but output_dir {output_dir} holds no checkpoint-N folder to resume "
+                "from; drop --resume_from_checkpoint to start the run, or point --output_dir at the run to resume"
+            )
+        return
+    folder = Path(resume_from_checkpoint)
+    if not folder.is_dir():
+        raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: no such checkpoint folder")
+    problem = save_problem(folder)
+    if problem is not None:
+        newest, _ = find_resumable(folder.parent)
+        instead = f"resume from {newest}" if newest else "start the run again without --resume_from_checkpoint"
+        raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint} is incomplete ({problem}); {instead}, "
+                         "or --resume_from_checkpoint true for the newest complete checkpoint")
+
+
+def finished_run_message(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:
+    """Why resuming from ``resume_from_checkpoint`` has nothing left to train, or None when it has.
+
+    transformers' loop resumed at ``global_step == max_steps`` still trains one step (and saves ``checkpoint-N+1``)
+    before it checks the budget, so a finished job re-queued by a scheduler would grow by a step every time. An
+    epoch-based run (``max_steps <= 0``) is finished when the checkpoint reached its own ``max_steps`` and
+    ``num_train_epochs`` has not been raised since."""
+    checkpoint = resume_checkpoint(args.output_dir, resume_from_checkpoint)
+    if checkpoint is None:
+        return None
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        step = int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not a trainer checkpoint: transformers' own resume says what is wrong
+    if args.max_steps > 0:
+        if step < args.max_steps:
+            return None
+        budget = f"max_steps {args.max_steps}"
+    else:
+        if step < int(state.get("max_steps") or 0) or float(args.num_train_epochs) > float(state.get("num_train_epochs") or 0):
+            return None
+        budget = f"num_train_epochs {args.num_train_epochs:g}"
+    return (
+        f"{checkpoint.name} in {checkpoint.parent} is at step {step}, which already meets {budget}: the run is "
+        "already finished, nothing to train (raise max_steps or num_train_epochs to train further)"
+    )
+
+
 # ---- the trainer side ---------------------------------------------------------------------------------------------
 
 
@@ -431,12 +514,10 @@ class CheckpointSaving:
     resumes ``resume_from_checkpoint=True`` from the newest complete checkpoint (transformers' own choice is the
     highest number, complete or not), and before training holds the lock on ``output_dir`` and checks that it is
     writable and has room for a checkpoint. A resume at or past the budget loads the checkpoint and trains
-    nothing (see ``run_contract.finished_run_message``)."""
+    nothing (see ``finished_run_message``)."""
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> Any:
         from transformers.trainer_callback import TrainerState
-
-        from .run_contract import finished_run_message
 
         checkpoint, took_lock = self.check_run_start(resume_from_checkpoint)
         try:
@@ -457,8 +538,6 @@ class CheckpointSaving:
         """Before any rollout: the lock on ``output_dir`` (taken here unless this process holds it), a writable
         folder with room for a checkpoint, and the checkpoint to resume, refused if another run wrote it.
         Returns the checkpoint (None: train from the start) and whether the lock was taken here."""
-        from .run_contract import check_resume_target, resume_checkpoint
-
         took_lock = hold_output_dir(self.args.output_dir)
         try:
             if self.args.should_save:

@@ -25,7 +25,9 @@ from typing import Any
 from .checkpoints import (
     COMPLETE,
     SaveFailed,
+    check_resume_target,
     final_model_problem,
+    finished_run_message,
     hold_output_dir,
     save_final_model,
     with_checkpoint_saving,
@@ -36,9 +38,7 @@ from .models import check_model_reference
 from .run_contract import (
     RunAlreadyFinished,
     check_generation_batch,
-    check_resume_target,
     check_run_settings,
-    finished_run_message,
     run_length_notes,
 )
 from .script_args import (

@@ -28,8 +28,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from taspo_trl import checkpoints
-from taspo_trl.checkpoints import COMPLETE, LOCK, STARTED, CheckpointSaving, begin_save, end_save
-from taspo_trl.run_contract import check_resume_target, resume_checkpoint
+from taspo_trl.checkpoints import (
+    COMPLETE,
+    LOCK,
+    STARTED,
+    CheckpointSaving,
+    begin_save,
+    check_resume_target,
+    end_save,
+    resume_checkpoint,
+)
 from test_run_contract import games_dir  # noqa: F401 - the fixture: one generated ALFWorld game per task family
 
 ROOT = Path(__file__).resolve().parents[1]
