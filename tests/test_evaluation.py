@@ -32,9 +32,9 @@ def test_summarize_by_hand():
     heat, cool, overall = result["groups"]["heat"], result["groups"]["cool"], result["overall"]
     # Wilson 95 % intervals by hand: 2 of 3 -> centre 0.5731, half-width 0.3654; 0 of 1 -> centre 0.3967 = half-width
     assert heat == {"n": 3, "success": pytest.approx(2 / 3), "success_interval_95": pytest.approx([0.2077, 0.9385], abs=2e-4),
-                    "score": pytest.approx(2 / 3), "mean_steps_success": 5.0}
+                    "score": pytest.approx(2 / 3), "mean_steps_success": 5.0, "errors": 0}
     assert cool == {"n": 1, "success": 0.0, "success_interval_95": pytest.approx([0.0, 0.7934], abs=2e-4),
-                    "score": 0.25, "mean_steps_success": None}
+                    "score": 0.25, "mean_steps_success": None, "errors": 0}
     assert overall["success"] == 0.5 and overall["mean_steps_success"] == 5.0
     assert overall["score"] == pytest.approx((1 + 0 + 1 + 0.25) / 4)
 
@@ -53,7 +53,7 @@ def test_scripted_policy_success_and_steps_on_real_games(tmp_path, tiny_model_di
     result = summarize(trajectories)
     assert result["groups"]["pick_and_place_simple"] == {
         "n": 1, "success": 1.0, "success_interval_95": pytest.approx([0.2065, 1.0], abs=2e-4), "score": 1.0,
-        "mean_steps_success": float(len(walkthroughs[0]))}
+        "mean_steps_success": float(len(walkthroughs[0])), "errors": 0}
     assert result["groups"]["look_at_obj_in_light"]["success"] == 0.0
     assert result["overall"]["success"] == 0.5
 
