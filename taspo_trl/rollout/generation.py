@@ -277,7 +277,7 @@ class ComputeDtypeCopy:
         return self._copy
 
     def _make(self, model: Any) -> None:
-        self._copy = self._pairs = None  # free the old copy before making the new one
+        self._copy, self._pairs = None, []  # free the old copy before making the new one
         mirror = copy.deepcopy(model)
         for module in mirror.modules():
             if isinstance(module, torch.nn.Linear):
