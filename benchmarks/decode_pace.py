@@ -6,9 +6,12 @@ floor is those bytes (in the compute dtype) over the memory's read bandwidth. A 
 ceiling is the matmul throughput of the cores. The run measures both on this machine (a read of a 1 GiB tensor, a
 prefill-shaped matmul), then times ``TransformersGenerator`` on ``--batch`` random prompts of ``--prompt-tokens``
 tokens (a third of the rows left-padded by a tenth, as turns of unequal length are): ``1`` and ``--new-tokens`` new
-tokens, the difference over the extra steps being one decode step. ``before`` is the sampler before the in-place KV
-cache and the compute-dtype copy (``generate``'s own cache, autocast over the float32 weights); ``after`` is today's.
-The two alternate, ``--reps`` times each, and the medians are reported; both sample the same tokens for a seed.
+tokens, the difference over the extra steps being one decode step. ``before`` is the sampler before its speed-ups
+(``generate`` with its own cache, autocast over the float32 weights); ``after`` is today's (its own decode loop over
+an in-place KV cache and the compute-dtype copy, drawing with ``sample_rows``). The two alternate, ``--reps`` times
+each, and the medians are reported. Today's sampler draws other tokens for a seed than ``generate`` (another exact
+draw from the same distribution); one more call with ``generate``'s draw checks that it then samples the same
+tokens as before.
 
     python benchmarks/decode_pace.py                     # bf16 autocast where the CPU computes bf16, else float32
     python benchmarks/decode_pace.py --bf16 false        # float32
@@ -78,9 +81,14 @@ def prompts(vocab: int, batch: int, length: int, seed: int = 0) -> list[list[int
     return [row[length // 10 :] if k % 3 == 0 else row for k, row in enumerate(rows)]
 
 
-def time_sampler(generator: Any, batch_prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
+def time_sampler(generator: Any, batch_prompts: list[list[int]], new_tokens: int,
+                 as_before: bool = False) -> tuple[float, list[list[int]]]:
+    """Seconds for one call that decodes ``new_tokens`` steps in every row (no row stops early), and its tokens."""
     generator.max_new_tokens = new_tokens
-    generator.generation_kwargs["min_new_tokens"] = new_tokens  # no early stop: every row decodes every step
+    if as_before:  # ``generate``, kept from stopping by a minimum length
+        generator.generation_kwargs["min_new_tokens"] = new_tokens
+    else:  # the sampler's own loop, kept from stopping by a stop token outside the vocabulary
+        generator.generation_kwargs.pop("min_new_tokens", None)
     torch.manual_seed(0)
     started = time.perf_counter()
     out = generator(batch_prompts)
@@ -90,7 +98,8 @@ def time_sampler(generator: Any, batch_prompts: list[list[int]], new_tokens: int
 def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) -> dict[str, Any]:
     dtype = torch.bfloat16 if bf16 else torch.float32
     generator = generation.TransformersGenerator(model, tokenizer, temperature=1.0,
-                                                 autocast_dtype=torch.bfloat16 if bf16 else None)
+                                                 autocast_dtype=torch.bfloat16 if bf16 else None,
+                                                 stop_token_ids=[model.config.vocab_size])
     batch_prompts = prompts(model.config.vocab_size, args.batch, args.prompt_tokens)
     prompt_tokens = sum(len(p) for p in batch_prompts)
     runs: dict[str, dict[str, list[float]]] = {"before": {"prefill": [], "step": []}, "after": {"prefill": [], "step": []}}
@@ -99,10 +108,12 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
         for name in ("before", "after"):
             context = sampler_as_before(generator) if name == "before" else _nothing()
             with context:
-                one, _ = time_sampler(generator, batch_prompts, 1)
-                many, samples[name] = time_sampler(generator, batch_prompts, args.new_tokens)
+                one, _ = time_sampler(generator, batch_prompts, 1, as_before=name == "before")
+                many, samples[name] = time_sampler(generator, batch_prompts, args.new_tokens, name == "before")
             runs[name]["prefill"].append(one)
             runs[name]["step"].append((many - one) / (args.new_tokens - 1))
+    with drawing_as_generate():
+        _, samples["after, generate's draw"] = time_sampler(generator, batch_prompts, args.new_tokens)
     for name in runs:
         runs[name] = {key: runs[name][key][1:] for key in runs[name]}
     bandwidth = read_bandwidth(args.read_gib)
@@ -116,7 +127,7 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
         "weight_read_limit_ms": round(limit_ms, 2),
         "matmul_tflop_s": round(flops, 3),
         "prefill_tokens": prompt_tokens,
-        "same_samples": samples["before"] == samples["after"],
+        "same_samples_with_generates_draw": samples["before"] == samples["after, generate's draw"],
     }
     for name, run in runs.items():
         step_ms = statistics.median(run["step"]) * 1e3
@@ -130,6 +141,18 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
         }
     result["decode_speedup"] = round(result["before"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
     return result
+
+
+@contextmanager
+def drawing_as_generate() -> Iterator[None]:
+    """The sampler's own loop drawing with ``torch.multinomial``, as ``generate`` draws (its own draw is an exact
+    draw from the same distribution with other random numbers)."""
+    kept = generation.sample_rows
+    generation.sample_rows = lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1)
+    try:
+        yield
+    finally:
+        generation.sample_rows = kept
 
 
 @contextmanager
@@ -169,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run = result[name]
         print(f"{name:>7}: decode {run['decode_ms_per_step']} ms a step ({run['times_the_limit']}x the limit), "
               f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
-    print(f"decode speed-up x{result['decode_speedup']}; same samples for the seed: {result['same_samples']}")
+    print(f"decode speed-up x{result['decode_speedup']}; with generate's draw (torch.multinomial) the same samples "
+          f"for the seed: {result['same_samples_with_generates_draw']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -299,8 +299,8 @@ def decode_pace(*results: dict[str, Any]) -> str:
         lines += ["", f"{r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token prompts, {s['new_tokens']} new "
                   f"tokens, {s['threads']} threads, medians of {s['reps']}; read bandwidth {r['read_bandwidth_gb_s']} GB/s "
                   f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
-                  f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; the same samples for a "
-                  f"seed: {'yes' if r['same_samples'] else 'NO'}."]
+                  f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; with `generate`'s draw, "
+                  f"the same samples for a seed as before: {'yes' if r['same_samples_with_generates_draw'] else 'NO'}."]
     return "\n".join(lines)
 
 

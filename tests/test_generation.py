@@ -1,12 +1,16 @@
-"""The CPU sampler's speed-ups change no sample: a KV cache written in place instead of concatenated, and a copy of
-the model whose linear weights are already in the autocast dtype, kept in step with the trained weights."""
+"""The CPU sampler's speed-ups: a KV cache written in place instead of concatenated, a copy of the model whose linear
+weights are already in the autocast dtype (kept in step with the trained weights), and a decode loop of its own. With
+``generate``'s draw they sample what ``generate`` sampled before them, bit for bit; their own draw is an exact draw
+from the same distribution with other random numbers."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from taspo_trl.rollout.chat import ChatFormat
-from taspo_trl.rollout.generation import ComputeDtypeCopy, TransformersGenerator, growing_cache
+from taspo_trl.rollout.generation import ComputeDtypeCopy, TransformersGenerator, growing_cache, sample_rows
 from taspo_trl.testing import make_tiny_model_dir
 
 
@@ -33,7 +37,8 @@ def _sample(generator, prompts, seed=0):
 
 
 def _as_before(generator, monkeypatch):
-    """The sampler as it ran before these speed-ups: generate's own cache, autocast over the float32 weights."""
+    """The sampler as it ran before these speed-ups: ``generate`` with its own cache, autocast over the float32
+    weights."""
     import taspo_trl.rollout.generation as generation
 
     monkeypatch.setattr(generation, "growing_cache", lambda model, capacity: None)
@@ -41,15 +46,98 @@ def _as_before(generator, monkeypatch):
     return generator
 
 
+def _drawing_as_generate(monkeypatch):
+    """The sampler's own loop with ``generate``'s draw (``torch.multinomial``) in place of ``sample_rows``."""
+    import taspo_trl.rollout.generation as generation
+
+    monkeypatch.setattr(generation, "sample_rows", lambda probs: torch.multinomial(probs, num_samples=1).squeeze(1))
+
+
+def _peaked(model):
+    """Output logits 8 times as spread as the random model's near-uniform ones (its first step's top token then has
+    about a fifth of the mass): a temperature, a top-k or a top-p then changes which tokens a seed draws."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model
+
+
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7), dict(temperature=1.0, top_k=5),
+            dict(temperature=1.0, top_p=0.6), dict(temperature=1.3, top_k=40, top_p=0.7), dict(temperature=0.0)]
+
+
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16])
-def test_the_same_seed_samples_the_same_tokens_and_log_probs_as_before(tied_model_dir, chat, monkeypatch, autocast):
-    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
-    fast = TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, temperature=1.0, autocast_dtype=autocast)
+@pytest.mark.parametrize("settings", SETTINGS, ids=["plain", "cool", "top-k", "top-p", "all-three", "greedy"])
+def test_with_generates_draw_the_same_seed_samples_what_the_sampler_before_sampled(tied_model_dir, chat, monkeypatch,
+                                                                                   autocast, settings):
+    """The own loop, the in-place cache and the compute-dtype copy together, against ``generate`` as it sampled
+    before them: the same tokens, recorded log-probs and stops, bit for bit, once both draw with
+    ``torch.multinomial``."""
+    model = _peaked(AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32))
+    _drawing_as_generate(monkeypatch)
+    fast = TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, autocast_dtype=autocast, **settings)
+    decoded = []
+    monkeypatch.setattr(fast, "_decode", lambda *args: decoded.append(1) or TransformersGenerator._decode(fast, *args))
     now = _sample(fast, _prompts(chat))
-    before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, temperature=1.0,
-                                                      autocast_dtype=autocast), monkeypatch), _prompts(chat))
-    assert now == before  # bit for bit: same tokens, same recorded log-probs, same stops
+    assert decoded  # the own loop sampled these
+    before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, autocast_dtype=autocast,
+                                                      generation_kwargs={"min_p": 0.0}, **settings), monkeypatch),
+                     _prompts(chat))  # min_p 0 changes no sample but keeps this one in generate
+    assert now == before
     assert sum(len(tokens) for tokens, _, _ in now) > 24  # several rows sampled well past their prompts
+
+
+def test_a_seed_draws_other_tokens_than_generate_from_the_same_distributions(tied_model_dir, chat):
+    """With ``sample_rows`` the tokens differ from ``generate``'s for a seed, while every recorded log-prob is still
+    the policy's own at the prefix sampled (a fresh forward of prompt and response)."""
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    own = TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0)
+    through_generate = TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0,
+                                             generation_kwargs={"min_p": 0.0})
+    assert not through_generate._decodes_itself(model)
+    assert _sample(own, _prompts(chat)) != _sample(through_generate, _prompts(chat))
+    prompt = chat.first_prompt_ids("open the locker")
+    torch.manual_seed(1)
+    [gen] = own([prompt])
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
+    fresh = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(torch.tensor(gen.logprobs), fresh, atol=1e-4)
+
+
+def test_settings_the_own_loop_does_not_apply_go_to_generate(tied_model_dir, chat):
+    model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    assert TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
+    assert not TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": 1.2})._decodes_itself(model)
+    model.generation_config.repetition_penalty = 1.2  # a model that ships a penalty in its generation config
+    assert not TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
+
+
+def test_sample_rows_inverts_the_cumulative_distribution_by_hand(monkeypatch):
+    """Weights [1, 0, 2.5, 1.5] (total 5): cumulative [1, 1, 3.5, 5]; a uniform u draws the first entry whose
+    cumulative exceeds 5u, never the entry of weight 0."""
+    weights = torch.tensor([[1.0, 0.0, 2.5, 1.5]] * 6)
+    uniforms = torch.tensor([[0.0], [0.1999], [0.2], [0.6999], [0.7], [1 - 2**-53]], dtype=torch.float64)
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: uniforms)
+    assert sample_rows(weights).tolist() == [0, 0, 2, 2, 3, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 10.0)), min_size=1, max_size=40).filter(lambda w: sum(w) > 0),
+       st.integers(0, 2**31))
+def test_sample_rows_never_draws_an_entry_of_weight_zero(weights, seed):
+    torch.manual_seed(seed)
+    drawn = sample_rows(torch.tensor([weights] * 64))
+    assert all(weights[i] > 0 for i in drawn.tolist())
+
+
+def test_sample_rows_draws_each_entry_at_its_probability():
+    """400,000 draws from p = [0.5, 0.25, 0.15, 0.1, 0] (unnormalised): each frequency within 5 standard errors."""
+    torch.manual_seed(0)
+    p = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    draws = sample_rows((3 * p).expand(400_000, 5).contiguous())
+    frequency = torch.bincount(draws, minlength=5).double() / draws.numel()
+    standard_error = (p.double() * (1 - p.double()) / draws.numel()).sqrt()
+    assert ((frequency - p.double()).abs() <= 5 * standard_error + 1e-12).all()
 
 
 def test_the_growing_cache_outgrows_its_room_without_changing_a_sample(tied_model_dir, chat, monkeypatch):
@@ -58,11 +146,10 @@ def test_the_growing_cache_outgrows_its_room_without_changing_a_sample(tied_mode
 
     model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
     generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0)
-    before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=16, temperature=1.0),
-                                monkeypatch), _prompts(chat))
+    roomy = _sample(generator, _prompts(chat))
     made = []
     monkeypatch.setattr(generation, "growing_cache", lambda m, capacity: made.append(growing_cache(m, 3)) or made[-1])
-    assert _sample(generator, _prompts(chat)) == before
+    assert _sample(generator, _prompts(chat)) == roomy
     layer = made[0].layers[0]
     assert layer.key_buffer.shape[-2] > 3 and layer.keys.data_ptr() == layer.key_buffer.data_ptr()
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import copy
+import functools
 import inspect
 import weakref
 
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                          TopPLogitsWarper)
 from transformers.cache_utils import DynamicLayer
 
 
@@ -154,6 +156,71 @@ class TransformersGenerator:
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        cache = None if "cache_implementation" in self.generation_kwargs else growing_cache(model, width + self.max_new_tokens)
+        if cache is not None and self._decodes_itself(model):
+            completions, logprobs = self._decode(model, input_ids, attention_mask, cache)
+        else:
+            completions, logprobs = self._generate_with_transformers(model, input_ids, attention_mask, cache)
+        stop = set(self.stop_token_ids)
+        out = []
+        for row in range(len(prompts)):
+            tokens = completions[row].tolist()
+            end = next((k + 1 for k, t in enumerate(tokens) if t in stop), None)
+            stopped = end is not None
+            end = end if stopped else len(tokens)
+            out.append(Generation(tokens[:end], logprobs[row, :end].tolist(), stopped))
+        return out
+
+    def _decodes_itself(self, model: Any) -> bool:
+        """Whether the sampler's own loop computes what ``generate`` would: no extra ``generate`` settings, nothing in
+        the model's generation config beyond token ids, and a forward that takes position ids and ``logits_to_keep``."""
+        if self.generation_kwargs or set(model.generation_config.to_diff_dict()) - _PLAIN_GENERATION_CONFIG:
+            return False
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return {"position_ids", "logits_to_keep"} <= set(inspect.signature(type(base).forward).parameters)
+
+    def _decode(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampling as ``generate`` samples without extra settings (the same model inputs at every step, temperature,
+        top-k and top-p warpers in its order, finished rows fed the pad token), in a plain loop without ``generate``'s
+        per-step bookkeeping, which costs a CPU decode step of a small model a large share. The one difference is the draw:
+        ``sample_rows`` instead of ``torch.multinomial``, an exact draw from the same distribution with other random
+        numbers, so a seed samples other tokens than ``generate`` would."""
+        rows = input_ids.size(0)
+        greedy = self.temperature == 0
+        warpers = LogitsProcessorList()
+        if not greedy and self.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if not greedy and self.top_k:
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if not greedy and self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.top_p))
+        stops = torch.tensor(self.stop_token_ids, device=input_ids.device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+        positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        step_ids, tokens, logprobs = input_ids, [], []
+        for _ in range(self.max_new_tokens):
+            output = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                           logits_to_keep=1, **{_cache_keyword(model): cache})
+            logits = output.logits[:, -1].float()
+            recorded = torch.log_softmax(logits if greedy else logits / self.temperature, dim=-1)
+            chosen = logits.argmax(-1) if greedy else sample_rows(torch.softmax(warpers(step_ids, logits), dim=-1))
+            chosen = chosen.masked_fill(finished, self.pad_token_id)
+            tokens.append(chosen)
+            logprobs.append(recorded.gather(1, chosen[:, None]).squeeze(1))
+            finished |= torch.isin(chosen, stops)
+            if bool(finished.all()):
+                break
+            step_ids, positions = chosen[:, None], positions[:, -1:] + 1
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows, 1)], dim=1)
+        if not tokens:
+            return input_ids.new_zeros(rows, 0).cpu(), torch.zeros(rows, 0)
+        return torch.stack(tokens, dim=1).cpu(), torch.stack(logprobs, dim=1).cpu()
+
+    def _generate_with_transformers(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                    cache: DynamicCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        width = input_ids.size(1)
         greedy = self.temperature == 0
         recorder = _SampledLogProbRecorder(1.0 if greedy else self.temperature, width)
         sampling = {} if greedy else {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
@@ -165,34 +232,40 @@ class TransformersGenerator:
             "pad_token_id": self.pad_token_id,
             **self.generation_kwargs,
         }
-        if "cache_implementation" not in settings:
-            settings[_cache_keyword(model)] = growing_cache(model, width + self.max_new_tokens)
-        sequences = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
-            **settings,
-            logits_processor=LogitsProcessorList([recorder]),
-        )
+        if cache is not None:
+            settings[_cache_keyword(model)] = cache
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings,
+                                   logits_processor=LogitsProcessorList([recorder]))
         if not isinstance(sequences, torch.Tensor):
             sequences = sequences.sequences
-        logprobs = recorder.finish(sequences)
-        completions = sequences[:, width:].cpu()
-        stop = set(self.stop_token_ids)
-        out = []
-        for row in range(len(prompts)):
-            tokens = completions[row].tolist()
-            end = next((k + 1 for k, t in enumerate(tokens) if t in stop), None)
-            stopped = end is not None
-            end = end if stopped else len(tokens)
-            out.append(Generation(tokens[:end], logprobs[row, :end].tolist(), stopped))
-        return out
+        return sequences[:, width:].cpu(), recorder.finish(sequences)
+
+
+_PLAIN_GENERATION_CONFIG = {"bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "output_attentions",
+                            "output_hidden_states", "_from_model_config", "transformers_version", "temperature",
+                            "top_p", "top_k", "do_sample"}
+"""Generation-config fields the sampler's own loop applies or that change no sample (the sampling settings are the
+generator's own): any other field (a repetition penalty, a minimum length, ...) sends it to ``generate``."""
+
+
+def sample_rows(probs: torch.Tensor) -> torch.Tensor:
+    """One index per row of ``probs`` (non-negative weights of a categorical distribution, any scale), drawn by
+    inverting the row's cumulative distribution at one uniform number: an exact draw from the distribution.
+    ``torch.multinomial`` on CPU draws an exponential number per vocabulary entry instead, which on a small model
+    costs as much as several of its layers. Entries of weight 0 are never drawn."""
+    cumulative = probs.double().cumsum(dim=-1)
+    total = cumulative[:, -1:]
+    draws = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total
+    chosen = torch.searchsorted(cumulative, draws, right=True).squeeze(1)
+    last_positive = probs.size(-1) - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.minimum(chosen, last_positive)  # a draw rounded up to the total lands on the last entry of weight > 0
 
 
 class _GrowingLayer(DynamicLayer):
     """One layer's KV cache in a buffer with room for the whole response: a decode step writes its token in place.
-    ``DynamicLayer`` concatenates instead, copying the layer's whole cache at every step (on a 2-core CPU about a
-    fifth of a decode step of the embedded model at batch 8). Returns views of the filled part, so attention sees
-    exactly the tensors ``DynamicLayer`` would give it, and the samples are the same."""
+    ``DynamicLayer`` concatenates instead, copying the layer's whole cache at every step. Under autocast the buffer
+    holds the compute dtype, the values attention would cast the cache to anyway. Returns views of the filled part,
+    so attention computes exactly what it computes over ``DynamicLayer``'s tensors, and the samples are the same."""
 
     def __init__(self, capacity: int):
         super().__init__()
@@ -205,6 +278,12 @@ class _GrowingLayer(DynamicLayer):
         self.length = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        device = key_states.device.type
+        if torch.is_autocast_enabled(device):
+            # Attention casts the cache to the compute dtype at every step under autocast; rounding each position
+            # once, here, gives it the same values (float32 rotary outputs would otherwise be re-cast every step).
+            dtype = torch.get_autocast_dtype(device)
+            key_states, value_states = key_states.to(dtype), value_states.to(dtype)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if self.key_buffer is None or self.keys.shape[-2] != self.length or self.keys.data_ptr() != self.key_buffer.data_ptr():
@@ -279,16 +358,71 @@ class ComputeDtypeCopy:
     def _make(self, model: Any) -> None:
         self._copy, self._pairs = None, []  # free the old copy before making the new one
         mirror = copy.deepcopy(model)
-        for module in mirror.modules():
-            if isinstance(module, torch.nn.Linear):
+        blocked = _blocked_layout_agrees(self.dtype)
+        for parent in list(mirror.modules()):
+            for child_name, module in list(parent.named_children()):
+                if not isinstance(module, torch.nn.Linear):
+                    continue
                 for name, tensor in list(module.named_parameters(recurse=False)):
                     setattr(module, name, torch.nn.Parameter(tensor.detach().to(self.dtype), requires_grad=False))
+                if blocked and type(module) is torch.nn.Linear:
+                    setattr(parent, child_name, _DecodeLinear.of(module))
         mirror.requires_grad_(False)
         mirror.eval()  # it only samples and scores: no dropout, whatever mode the trained model is in
         mirrored = dict(mirror.named_modules())
         self._pairs = [(tensor, getattr(mirrored[path], name)) for path, name, tensor in _own_tensors(model, named=True)]
         self._copy, self._source = mirror, weakref.ref(model)
         self._versions = [source._version for source, _ in self._pairs]
+
+
+_DECODE_ROWS = 64
+"""Inputs of at most this many rows (a decode step's batch) take a linear layer's blocked weight."""
+
+
+class _DecodeLinear(torch.nn.Linear):
+    """A linear layer of the compute-dtype copy that also keeps its weight in oneDNN's blocked layout, laid out for a
+    few rows. A decode step multiplies a handful of rows by each weight, where the plain layout's matmul spends most
+    of its time outside the memory reads; prefills and scoring passes (many rows) take the plain weight. The blocked
+    copy is remade when the weight changes (its version counter moves, as the copy's refresh moves it)."""
+
+    @classmethod
+    def of(cls, linear: torch.nn.Linear) -> "_DecodeLinear":
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight, module.bias = linear.weight, linear.bias
+        module._blocked, module._blocked_version = None, -1
+        return module
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        input = input.to(self.weight.dtype)  # what autocast does to a linear layer's input
+        if input.numel() > _DECODE_ROWS * self.in_features:
+            return torch.nn.functional.linear(input, self.weight, self.bias)
+        if self._blocked_version != self.weight._version:
+            self._blocked = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 8)
+            self._blocked_version = self.weight._version
+        return torch.ops.mkldnn._linear_pointwise(input, self._blocked, self.bias, "none", [], "")
+
+
+@functools.cache
+def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
+    """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit, for every
+    row count a decode step can have (checked once per process on the embedded model's widths), so that the copy
+    samples what autocast over the float32 weights would sample. False where oneDNN lacks the dtype."""
+    supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
+    if check is None or not torch.backends.mkldnn.is_available() or not check():
+        return False
+    generator = torch.Generator().manual_seed(0)
+    for outer, inner in ((192, 576), (1536, 576), (576, 1536), (4099, 96)):
+        weight = (torch.randn(outer, inner, generator=generator) / inner**0.5).to(dtype)
+        blocked = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
+        for rows in (1, 3, 8, 17, _DECODE_ROWS):
+            rows_in = torch.randn(rows, inner, generator=generator).to(dtype)
+            plain = torch.nn.functional.linear(rows_in, weight)
+            if not torch.equal(plain, torch.ops.mkldnn._linear_pointwise(rows_in, blocked, None, "none", [], "")):
+                return False
+    return True
 
 
 def _own_tensors(model: Any, named: bool = False) -> list[Any]:
