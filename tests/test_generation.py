@@ -3,6 +3,8 @@ weights are already in the autocast dtype (kept in step with the trained weights
 ``generate``'s draw they sample what ``generate`` sampled before them, bit for bit; their own draw is an exact draw
 from the same distribution with other random numbers."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -107,6 +109,8 @@ def test_a_seed_draws_other_tokens_than_generate_from_the_same_distributions(tie
 def test_settings_the_own_loop_does_not_apply_go_to_generate(tied_model_dir, chat):
     model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
     assert TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
+    # TRL's default (GRPOConfig.repetition_penalty = 1.0): generate adds no processor for it
+    assert TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": 1.0})._decodes_itself(model)
     assert not TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": 1.2})._decodes_itself(model)
     model.generation_config.repetition_penalty = 1.2  # a model that ships a penalty in its generation config
     assert not TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
@@ -241,6 +245,13 @@ def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_nu
             without = trainer._snapshot_logprobs(ids, mask, keep)
         assert torch.equal(with_copy, without)
         assert trainer._compute_dtype_copy is copier  # one copy for the run
+        with torch.no_grad():  # and those passes do run the copy (the trained model's forward is wrapped by
+            copier._copy.get_output_embeddings().weight.zero_()  # Accelerate and TRL, closures over its weights)
+            monkeypatch.undo()
+            uniform = trainer._snapshot_logprobs(ids, mask, keep)
+        vocabulary = trainer.model.config.vocab_size
+        attended = mask[:, -keep:].bool()
+        assert attended.any() and torch.allclose(uniform[attended], torch.tensor(-math.log(vocabulary)), atol=1e-4)
     finally:
         trainer.close()
 

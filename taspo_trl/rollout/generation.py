@@ -173,9 +173,11 @@ class TransformersGenerator:
         return out
 
     def _decodes_itself(self, model: Any) -> bool:
-        """Whether the sampler's own loop computes what ``generate`` would: no extra ``generate`` settings, nothing in
-        the model's generation config beyond token ids, and a forward that takes position ids and ``logits_to_keep``."""
-        if self.generation_kwargs or set(model.generation_config.to_diff_dict()) - _PLAIN_GENERATION_CONFIG:
+        """Whether the sampler's own loop computes what ``generate`` would: no extra ``generate`` settings (beyond
+        ones that change nothing, such as TRL's default repetition penalty of 1.0), nothing in the model's generation
+        config beyond token ids, and a forward that takes position ids and ``logits_to_keep``."""
+        extra = {key for key, value in self.generation_kwargs.items() if _NO_EFFECT.get(key, object()) != value}
+        if extra or set(model.generation_config.to_diff_dict()) - _PLAIN_GENERATION_CONFIG:
             return False
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         return {"position_ids", "logits_to_keep"} <= set(inspect.signature(type(base).forward).parameters)
@@ -246,6 +248,8 @@ _PLAIN_GENERATION_CONFIG = {"bos_token_id", "eos_token_id", "pad_token_id", "use
                             "top_p", "top_k", "do_sample"}
 """Generation-config fields the sampler's own loop applies or that change no sample (the sampling settings are the
 generator's own): any other field (a repetition penalty, a minimum length, ...) sends it to ``generate``."""
+_NO_EFFECT = {"repetition_penalty": 1.0}
+"""``generate`` settings at a value with which ``generate`` adds no logits processor."""
 
 
 def sample_rows(probs: torch.Tensor) -> torch.Tensor:
@@ -358,6 +362,11 @@ class ComputeDtypeCopy:
     def _make(self, model: Any) -> None:
         self._copy, self._pairs = None, []  # free the old copy before making the new one
         mirror = copy.deepcopy(model)
+        for module in mirror.modules():
+            # A forward set on the instance (Accelerate's autocast wrapper, TRL's fused LM head) is a closure over the
+            # original model's forward, which deepcopy keeps: the copy would run the original's weights. The copy
+            # always runs inside its caller's autocast region, so its class's own forward is all it needs.
+            module.__dict__.pop("forward", None)
         blocked = _blocked_layout_agrees(self.dtype)
         for parent in list(mirror.modules()):
             for child_name, module in list(parent.named_children()):
