@@ -35,7 +35,7 @@ from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.precision import choose_precision
 from taspo_trl.provenance import provenance, source_commit
 
-OUT = Path(__file__).parent / "results" / "decode_pace.json"
+RESULTS = Path(__file__).parent / "results"
 
 
 def read_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--read-gib", type=float, default=1.0, help="size of the tensor the bandwidth read sums")
     parser.add_argument("--bf16", choices=("true", "false"), default=None,
                         help="bf16 autocast (default: where the CPU computes bf16)")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/decode_pace_<bf16|float32>.json")
     args = parser.parse_args(argv)
     commit = source_commit(__file__)
     precision = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
@@ -194,8 +194,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
     print(f"decode speed-up x{result['decode_speedup']}; with generate's draw (torch.multinomial) the same samples "
           f"for the seed: {result['same_samples_with_generates_draw']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out = Path(args.out or RESULTS / f"decode_pace_{'bf16' if precision.bf16 else 'float32'}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
