@@ -9,7 +9,8 @@ every trajectory that has PI; AlignOPSD runs its privileged pass, the encoder an
 turn. All trainers run the same steps on the same rows; the report is the ratio of the median step times and
 the time of the extra passes.
 
-    python benchmarks/step_time.py --steps 3
+    python benchmarks/step_time.py --steps 3                 # bf16 autocast where the CPU computes bf16
+    python benchmarks/step_time.py --steps 3 --bf16 false    # float32
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.precision import choose_precision
+from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.testing import PlannedGenerator
 
 METHODS = {
@@ -46,7 +49,7 @@ def _plans(walkthrough: list[str], max_turns: int) -> list[list[str | None]]:
     ]
 
 
-def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out_dir: Path) -> dict:
+def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out_dir: Path, bf16: bool) -> dict:
     max_turns = len(json.loads(game.read_text())["walkthrough"]) + 1
     common = dict(
         output_dir=str(out_dir / name),
@@ -61,7 +64,7 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
         report_to="none",
         save_strategy="no",
         use_cpu=True,
-        bf16=False,
+        bf16=bf16,
         seed=0,
     )
     config_class, trainer_class = METHODS[name]
@@ -93,19 +96,23 @@ def main() -> None:
     parser.add_argument("--model", default=EMBEDDED_MODEL)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layout", default="turn", choices=["turn", "sequence"])
+    parser.add_argument("--bf16", choices=("true", "false"), default=None,
+                        help="bf16 autocast (default: where the CPU computes bf16)")
     parser.add_argument("--only", choices=list(METHODS), help=argparse.SUPPRESS)  # one method, in a child process
     parser.add_argument("--game", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="default: benchmarks/results/step_time_<bf16|float32>.json")
     args = parser.parse_args()
 
     model = resolve_model_path(args.model)
+    bf16 = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True).bf16
     if args.only:
         with tempfile.TemporaryDirectory() as tmp:
-            result = _time_method(args.only, model, Path(args.game), args.steps, args.layout, Path(tmp))
+            result = _time_method(args.only, model, Path(args.game), args.steps, args.layout, Path(tmp), bf16)
         Path(args.out).write_text(json.dumps(result))
         return
 
     # Each method trains in a fresh process, so one method's memory never slows the next one down.
+    commit = source_commit(__file__)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         game = generate_games(Path(tmp) / "games", 1, 0, "train", task_types=["pick_and_place_simple"])[0]
@@ -113,19 +120,28 @@ def main() -> None:
             out = Path(tmp) / f"{name}.json"
             subprocess.run(
                 [sys.executable, __file__, "--only", name, "--game", str(game), "--out", str(out),
-                 "--model", args.model, "--steps", str(args.steps), "--layout", args.layout],
+                 "--model", args.model, "--steps", str(args.steps), "--layout", args.layout,
+                 "--bf16", "true" if bf16 else "false"],
                 check=True,
             )
             results[name] = json.loads(out.read_text())
 
-    print(f"model={args.model} layout={args.layout} steps={args.steps} rows/step={results['grpo']['rows']}")
+    precision = "bf16 autocast" if bf16 else "float32"
+    print(f"model={args.model} layout={args.layout} steps={args.steps} {precision} rows/step={results['grpo']['rows']}")
     for name, result in results.items():
         print(f"{name:<10} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}; "
               f"extra passes (s): {', '.join(f'{t:.1f}' for t in result['extra'])}")
     print(f"TASPO PI coverage per step: {results['taspo']['pi_coverage']}")
     grpo = statistics.median(results["grpo"]["step_times"])
-    for name in ("taspo", "alignopsd"):
-        print(f"step time ratio {name} / grpo (medians): {statistics.median(results[name]['step_times']) / grpo:.3f}")
+    ratios = {name: statistics.median(results[name]["step_times"]) / grpo for name in ("taspo", "alignopsd")}
+    for name, ratio in ratios.items():
+        print(f"step time ratio {name} / grpo (medians): {ratio:.3f}")
+    out = Path(args.out or Path(__file__).parent / "results" / f"step_time_{'bf16' if bf16 else 'float32'}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"settings": {"model": args.model, "layout": args.layout, "steps": args.steps}, "precision": precision,
+              "methods": results, "ratios_to_grpo": {name: round(r, 3) for name, r in ratios.items()},
+              "provenance": provenance(sys.argv[1:], __file__, commit=commit)}
+    out.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
