@@ -304,6 +304,22 @@ def decode_pace(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def step_time(*results: dict[str, Any]) -> str:
+    """Each method's step time on identical replayed episodes, the time of its extra passes, and its ratio to GRPO."""
+    lines = ["| precision | method | step seconds | extra passes, seconds | median / GRPO's |", "|---|---|---|---|---|"]
+    for r in results:
+        for name, run in r["methods"].items():
+            ratio = r["ratios_to_grpo"].get(name, 1.0)
+            lines.append(f"| {r['precision']} | {name} | {', '.join(f'{t:.1f}' for t in run['step_times'])} | "
+                         f"{', '.join(f'{t:.1f}' for t in run['extra'])} | {ratio:.3f} |")
+    for r in results:
+        s = r["settings"]
+        lines += ["", f"{r['precision']}: {s['steps']} steps of {s['model']} in the `{s['layout']}` layout, each method in "
+                  f"its own process, on one game's scripted siblings (two walkthrough wins, two stalls) scored by the "
+                  f"model; {r['methods']['grpo']['rows'][0]:.0f} rows a step."]
+    return "\n".join(lines)
+
+
 def warm_start_build(result: dict[str, Any]) -> str:
     """How long the shipped warm start's build took, on what, in which precision."""
     built = result["built_with"]
@@ -394,6 +410,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
     ("The first command from a fresh clone", QUICKSTART, quickstart),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
+    ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
     ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
     ("The warm start's build", ("warm_start_build.json",), warm_start_build),
     ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
