@@ -174,9 +174,11 @@ def test_the_compute_dtype_copy_computes_what_autocast_computes_on_the_float32_m
     assert torch.equal(_autocast_logits(mirror, ids), _autocast_logits(model, ids))
 
 
-def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_dir, chat, tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_dir, chat, tmp_path, fused):
     """After a step, the next samples' recorded log-probs are those of the updated model (a fresh autocast
-    forward); after loading a checkpoint's weights, those of the checkpoint."""
+    forward); after loading a checkpoint's weights, those of the checkpoint. The fused AdamW (transformers' default
+    ``adamw_torch_fused``) updates the weights without moving their version counters."""
     model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
     generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=12, temperature=1.0,
                                       autocast_dtype=torch.bfloat16)
@@ -193,7 +195,7 @@ def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_
     assert recorded_against_fresh_forward() < 1e-2
     model.save_pretrained(tmp_path / "checkpoint")
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=fused)
     loss = model(torch.tensor([prompt]), labels=torch.tensor([prompt])).loss
     loss.backward()
     optimizer.step()

@@ -217,13 +217,14 @@ def test_bf16_sampling_rescores_the_plain_side_of_the_rescored_rows_only(tmp_pat
     assert plain_rows == [sum(t.num_turns for t in trajectories[:3])]
     assert plain_rows[0] < len(step.rows)
     assert recorded[0]
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # the passes score in bf16, as sampling ran
         for (i, t), delta in recorded[0].items():
             turn = trajectories[i].turns[t]
             privileged = trainer.chat.first_prompt_ids(privileged_user_text(pi[i], turn.prompt_text))
             expected = _logprobs(trainer.model, privileged, turn.response_ids) - _logprobs(trainer.model, turn.prompt_ids, turn.response_ids)
             start, end = turn.action_span
-            assert torch.allclose(delta, expected[start:end].double(), atol=1e-4)
+            # bf16 rounds a padded batch differently from one row (about 1e-3 here); the moved sampler would be 1 off
+            assert torch.allclose(delta, expected[start:end].double(), atol=1e-2)
 
 
 def _logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:

@@ -16,9 +16,11 @@ from typing import Any, Callable, Protocol
 import copy
 import functools
 import inspect
+import types
 import weakref
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 from transformers.cache_utils import DynamicLayer
@@ -335,9 +337,10 @@ class ComputeDtypeCopy:
     same numbers as the model under autocast: autocast rounds float32 weights to the compute dtype the same way,
     but again at every decode step. A tied output layer gets its own rounded weight.
 
-    ``of(model)`` returns the copy, first refreshing it when the model's weights changed since (every in-place
-    update, an optimizer step or a checkpoint's ``load_state_dict``, bumps a tensor's version counter) or making it
-    anew for another model. What TRL does for vLLM, which holds its own copy of the weights, loaded after each step.
+    ``of(model)`` returns the copy, first refreshing it when the model's weights changed since (an optimizer step, seen
+    through a hook on every optimizer's step, or an in-place update that moves a tensor's version counter, such as a
+    checkpoint's ``load_state_dict``) or making it anew for another model. What TRL does for vLLM, which holds its
+    own copy of the weights, loaded after each step.
     """
 
     def __init__(self, dtype: torch.dtype):
@@ -346,17 +349,19 @@ class ComputeDtypeCopy:
         self._copy: Any = None
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._versions: list[int] = []
+        self._stepped = False
+        _watch_optimizer_steps(self)
 
     def of(self, model: Any) -> Any:
         if self._source is None or self._source() is not model or [id(t) for t in _own_tensors(model)] != [
                 id(source) for source, _ in self._pairs]:  # another model, or tensors replaced (assign=True loads)
             self._make(model)
         versions = [source._version for source, _ in self._pairs]
-        if versions != self._versions:
+        if versions != self._versions or self._stepped:
             with torch.no_grad():
                 for source, mirror in self._pairs:
                     mirror.copy_(source)
-            self._versions = versions
+            self._versions, self._stepped = versions, False
         return self._copy
 
     def _make(self, model: Any) -> None:
@@ -364,18 +369,18 @@ class ComputeDtypeCopy:
         mirror = copy.deepcopy(model)
         for module in mirror.modules():
             # A forward set on the instance (Accelerate's autocast wrapper, TRL's fused LM head) is a closure over the
-            # original model's forward, which deepcopy keeps: the copy would run the original's weights. The copy
-            # always runs inside its caller's autocast region, so its class's own forward is all it needs.
+            # original model's forward, which deepcopy keeps: the copy would run the original's weights.
             module.__dict__.pop("forward", None)
+        # The copy's linear layers hand the compute dtype on, which only autocast reconciles with the float32 rest.
+        device = next(model.parameters()).device.type
+        mirror.forward = types.MethodType(torch.autocast(device, dtype=self.dtype)(type(mirror).forward), mirror)
         blocked = _blocked_layout_agrees(self.dtype)
-        for parent in list(mirror.modules()):
-            for child_name, module in list(parent.named_children()):
-                if not isinstance(module, torch.nn.Linear):
-                    continue
+        for module in mirror.modules():
+            if isinstance(module, torch.nn.Linear):
                 for name, tensor in list(module.named_parameters(recurse=False)):
                     setattr(module, name, torch.nn.Parameter(tensor.detach().to(self.dtype), requires_grad=False))
                 if blocked and type(module) is torch.nn.Linear:
-                    setattr(parent, child_name, _DecodeLinear.of(module))
+                    _DecodeLinear.adopt(module)
         mirror.requires_grad_(False)
         mirror.eval()  # it only samples and scores: no dropout, whatever mode the trained model is in
         mirrored = dict(mirror.named_modules())
@@ -395,13 +400,10 @@ class _DecodeLinear(torch.nn.Linear):
     copy is remade when the weight changes (its version counter moves, as the copy's refresh moves it)."""
 
     @classmethod
-    def of(cls, linear: torch.nn.Linear) -> "_DecodeLinear":
-        module = cls.__new__(cls)
-        torch.nn.Module.__init__(module)
-        module.in_features, module.out_features = linear.in_features, linear.out_features
-        module.weight, module.bias = linear.weight, linear.bias
-        module._blocked, module._blocked_version = None, -1
-        return module
+    def adopt(cls, linear: torch.nn.Linear) -> None:
+        """Turn the copy's ``linear`` into one of these in place, keeping its parameters and any hooks on it."""
+        linear.__class__ = cls
+        linear._blocked, linear._blocked_version = None, -1
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         input = input.to(self.weight.dtype)  # what autocast does to a linear layer's input
@@ -432,6 +434,25 @@ def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
             if not torch.equal(plain, torch.ops.mkldnn._linear_pointwise(rows_in, blocked, None, "none", [], "")):
                 return False
     return True
+
+
+_WATCHED_COPIES: "weakref.WeakSet[ComputeDtypeCopy]" = weakref.WeakSet()
+_STEP_HOOK: Any = None
+
+
+def _watch_optimizer_steps(copier: ComputeDtypeCopy) -> None:
+    """Marks ``copier`` for a refresh after every optimizer step: a fused optimizer (``adamw_torch_fused``,
+    transformers' default) updates the weights in place without moving their version counters, so the copy can't
+    see that step by itself. One process-wide hook serves every copy."""
+    global _STEP_HOOK
+    if _STEP_HOOK is None:
+        _STEP_HOOK = register_optimizer_step_post_hook(_mark_stepped)
+    _WATCHED_COPIES.add(copier)
+
+
+def _mark_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for copier in list(_WATCHED_COPIES):
+        copier._stepped = True
 
 
 def _own_tensors(model: Any, named: bool = False) -> list[Any]:
