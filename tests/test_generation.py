@@ -110,8 +110,9 @@ def test_settings_the_own_loop_does_not_apply_go_to_generate(tied_model_dir, cha
     model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
     assert TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
     # TRL's default (GRPOConfig.repetition_penalty = 1.0): generate adds no processor for it
-    assert TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": 1.0})._decodes_itself(model)
-    assert not TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": 1.2})._decodes_itself(model)
+    for penalty, own_loop in ((1.0, True), (1.2, False)):
+        generator = TransformersGenerator(model, chat.tokenizer, generation_kwargs={"repetition_penalty": penalty})
+        assert generator._decodes_itself(model) is own_loop
     model.generation_config.repetition_penalty = 1.2  # a model that ships a penalty in its generation config
     assert not TransformersGenerator(model, chat.tokenizer)._decodes_itself(model)
 

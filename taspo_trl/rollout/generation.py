@@ -159,7 +159,8 @@ class TransformersGenerator:
             input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention_mask[row, width - len(ids) :] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        cache = None if "cache_implementation" in self.generation_kwargs else growing_cache(model, width + self.max_new_tokens)
+        room = width + self.max_new_tokens
+        cache = None if "cache_implementation" in self.generation_kwargs else growing_cache(model, room)
         if cache is not None and self._decodes_itself(model):
             completions, logprobs = self._decode(model, input_ids, attention_mask, cache)
         else:
@@ -188,9 +189,9 @@ class TransformersGenerator:
                 cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Sampling as ``generate`` samples without extra settings (the same model inputs at every step, temperature,
         top-k and top-p warpers in its order, finished rows fed the pad token), in a plain loop without ``generate``'s
-        per-step bookkeeping, which costs a CPU decode step of a small model a large share. The one difference is the draw:
-        ``sample_rows`` instead of ``torch.multinomial``, an exact draw from the same distribution with other random
-        numbers, so a seed samples other tokens than ``generate`` would."""
+        per-step bookkeeping, which costs a CPU decode step of a small model a large share. The one difference is
+        the draw: ``sample_rows`` instead of ``torch.multinomial``, an exact draw from the same distribution with
+        other random numbers, so a seed samples other tokens than ``generate`` would."""
         rows = input_ids.size(0)
         greedy = self.temperature == 0
         warpers = LogitsProcessorList()
@@ -417,15 +418,15 @@ class _DecodeLinear(torch.nn.Linear):
 
 @functools.cache
 def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
-    """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit, for every
-    row count a decode step can have (checked once per process on the embedded model's widths), so that the copy
-    samples what autocast over the float32 weights would sample. False where oneDNN lacks the dtype."""
+    """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit (checked
+    once per process at 1 to 64 rows, on the embedded model's widths and small ones), so that the copy samples what
+    autocast over the float32 weights would sample. False where oneDNN lacks the dtype."""
     supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
     check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
     if check is None or not torch.backends.mkldnn.is_available() or not check():
         return False
     generator = torch.Generator().manual_seed(0)
-    for outer, inner in ((192, 576), (1536, 576), (576, 1536), (4099, 96)):
+    for outer, inner in ((192, 576), (1536, 576), (576, 1536), (4099, 96), (128, 64), (64, 128)):
         weight = (torch.randn(outer, inner, generator=generator) / inner**0.5).to(dtype)
         blocked = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
         for rows in (1, 3, 8, 17, _DECODE_ROWS):
