@@ -205,9 +205,10 @@ class TransformersGenerator:
         finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
         positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         step_ids, tokens, logprobs = input_ids, [], []
+        cache_argument = {_cache_keyword(model): cache}  # an inspect.signature: once, not at every step
         for _ in range(self.max_new_tokens):
             output = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **{_cache_keyword(model): cache})
+                           logits_to_keep=1, **cache_argument)
             logits = output.logits[:, -1].float()
             recorded = torch.log_softmax(logits if greedy else logits / self.temperature, dim=-1)
             chosen = logits.argmax(-1) if greedy else sample_rows(torch.softmax(warpers(step_ids, logits), dim=-1))
