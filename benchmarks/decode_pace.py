@@ -8,8 +8,10 @@ prefill-shaped matmul), then times ``TransformersGenerator`` on ``--batch`` rand
 tokens (a third of the rows left-padded by a tenth, as turns of unequal length are): ``1`` and ``--new-tokens`` new
 tokens, the difference over the extra steps being one decode step. ``before`` is the sampler before its speed-ups
 (``generate`` with its own cache, autocast over the float32 weights); ``after`` is today's (its own decode loop over
-an in-place KV cache and the compute-dtype copy, drawing with ``sample_rows``). The two alternate, ``--reps`` times
-each, and the medians are reported. Today's sampler draws other tokens for a seed than ``generate`` (another exact
+an in-place KV cache and the compute-dtype copy, drawing with ``sample_rows``, decode steps through
+``FusedDecodeStep`` where the model has the Llama layout); ``unfused`` is today's with every step through the model's
+own forward, which must sample the same tokens. The three alternate, ``--reps`` times each, and the medians are
+reported. Today's sampler draws other tokens for a seed than ``generate`` (another exact
 draw from the same distribution); one more call with ``generate``'s draw checks that it then samples the same
 tokens as before.
 
@@ -30,6 +32,7 @@ from typing import Any, Iterator
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import taspo_trl.rollout.decode_step as decode_step
 import taspo_trl.rollout.generation as generation
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.precision import choose_precision
@@ -102,12 +105,12 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
                                                  stop_token_ids=[model.config.vocab_size])
     batch_prompts = prompts(model.config.vocab_size, args.batch, args.prompt_tokens)
     prompt_tokens = sum(len(p) for p in batch_prompts)
-    runs: dict[str, dict[str, list[float]]] = {"before": {"prefill": [], "step": []}, "after": {"prefill": [], "step": []}}
+    contexts = {"before": lambda: sampler_as_before(generator), "unfused": without_fused_step, "after": _nothing}
+    runs: dict[str, dict[str, list[float]]] = {name: {"prefill": [], "step": []} for name in contexts}
     samples: dict[str, list[list[int]]] = {}
-    for _ in range(args.reps + 1):  # the first round warms both up and is not kept
-        for name in ("before", "after"):
-            context = sampler_as_before(generator) if name == "before" else _nothing()
-            with context:
+    for _ in range(args.reps + 1):  # the first round warms them up and is not kept
+        for name, context in contexts.items():
+            with context():
                 one, _ = time_sampler(generator, batch_prompts, 1, as_before=name == "before")
                 many, samples[name] = time_sampler(generator, batch_prompts, args.new_tokens, name == "before")
             runs[name]["prefill"].append(one)
@@ -128,6 +131,7 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
         "matmul_tflop_s": round(flops, 3),
         "prefill_tokens": prompt_tokens,
         "same_samples_with_generates_draw": samples["before"] == samples["after, generate's draw"],
+        "same_samples_with_and_without_the_fused_step": samples["unfused"] == samples["after"],
     }
     for name, run in runs.items():
         step_ms = statistics.median(run["step"]) * 1e3
@@ -140,6 +144,7 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
             "decode_ms_all": [round(s * 1e3, 2) for s in run["step"]],
         }
     result["decode_speedup"] = round(result["before"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
+    result["fused_step_speedup"] = round(result["unfused"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
     return result
 
 
@@ -153,6 +158,17 @@ def drawing_as_generate() -> Iterator[None]:
         yield
     finally:
         generation.sample_rows = kept
+
+
+@contextmanager
+def without_fused_step() -> Iterator[None]:
+    """The sampler's own loop through the model's own forward at every step (no ``FusedDecodeStep``)."""
+    kept = decode_step.FusedDecodeStep.for_model
+    decode_step.FusedDecodeStep.for_model = lambda model: None
+    try:
+        yield
+    finally:
+        decode_step.FusedDecodeStep.for_model = kept
 
 
 @contextmanager
@@ -188,11 +204,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{result['precision']}, {torch.get_num_threads()} threads, batch {args.batch}: read bandwidth "
           f"{result['read_bandwidth_gb_s']} GB/s, linear weights {result['linear_weight_mb']} MB -> weight-read limit "
           f"{result['weight_read_limit_ms']} ms a decode step; matmul {result['matmul_tflop_s']} TFLOP/s")
-    for name in ("before", "after"):
+    for name in ("before", "unfused", "after"):
         run = result[name]
         print(f"{name:>7}: decode {run['decode_ms_per_step']} ms a step ({run['times_the_limit']}x the limit), "
               f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
-    print(f"decode speed-up x{result['decode_speedup']}; with generate's draw (torch.multinomial) the same samples "
+    print(f"decode speed-up x{result['decode_speedup']} (the fused step's share x{result['fused_step_speedup']}, the "
+          f"same samples with and without it: {result['same_samples_with_and_without_the_fused_step']}); with generate's draw (torch.multinomial) the same samples "
           f"for the seed: {result['same_samples_with_generates_draw']}")
     out = Path(args.out or RESULTS / f"decode_pace_{'bf16' if precision.bf16 else 'float32'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from taspo_trl.rollout.chat import ChatFormat
+from taspo_trl.rollout.decode_step import FusedDecodeStep, _blocked_layout_agrees
 from taspo_trl.rollout.generation import ComputeDtypeCopy, TransformersGenerator, growing_cache, sample_rows
 from taspo_trl.testing import make_tiny_model_dir
 
@@ -77,10 +78,13 @@ def test_with_generates_draw_the_same_seed_samples_what_the_sampler_before_sampl
     model = _peaked(AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32))
     _drawing_as_generate(monkeypatch)
     fast = TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, autocast_dtype=autocast, **settings)
-    decoded = []
+    decoded, fused = [], []
     monkeypatch.setattr(fast, "_decode", lambda *args: decoded.append(1) or TransformersGenerator._decode(fast, *args))
+    step = FusedDecodeStep.__call__
+    monkeypatch.setattr(FusedDecodeStep, "__call__", lambda *args: fused.append(1) or step(*args))
     now = _sample(fast, _prompts(chat))
     assert decoded  # the own loop sampled these
+    assert bool(fused) == (autocast is not None and _blocked_layout_agrees(autocast))  # and the fused step, where it can
     before = _sample(_as_before(TransformersGenerator(model, chat.tokenizer, max_new_tokens=24, autocast_dtype=autocast,
                                                       generation_kwargs={"min_p": 0.0}, **settings), monkeypatch),
                      _prompts(chat))  # min_p 0 changes no sample but keeps this one in generate

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import copy
-import functools
 import inspect
 import types
 import weakref
@@ -24,6 +23,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                           TopPLogitsWarper)
 from transformers.cache_utils import DynamicLayer
+
+from .decode_step import FusedDecodeStep, _blocked_layout_agrees, _DecodeLinear
 
 
 @dataclass
@@ -191,7 +192,8 @@ class TransformersGenerator:
         top-k and top-p warpers in its order, finished rows fed the pad token), in a plain loop without ``generate``'s
         per-step bookkeeping, which costs a CPU decode step of a small model a large share. The one difference is
         the draw: ``sample_rows`` instead of ``torch.multinomial``, an exact draw from the same distribution with
-        other random numbers, so a seed samples other tokens than ``generate`` would."""
+        other random numbers, so a seed samples other tokens than ``generate`` would. After the prefill, a
+        Llama-layout compute-dtype copy decodes through its ``FusedDecodeStep`` (the same logits, fewer calls)."""
         rows = input_ids.size(0)
         greedy = self.temperature == 0
         warpers = LogitsProcessorList()
@@ -206,10 +208,14 @@ class TransformersGenerator:
         positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
         step_ids, tokens, logprobs = input_ids, [], []
         cache_argument = {_cache_keyword(model): cache}  # an inspect.signature: once, not at every step
-        for _ in range(self.max_new_tokens):
-            output = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                           logits_to_keep=1, **cache_argument)
-            logits = output.logits[:, -1].float()
+        fused_step = FusedDecodeStep.for_model(model)
+        for step in range(self.max_new_tokens):
+            if step and fused_step is not None:
+                logits = fused_step(step_ids, positions, attention_mask, cache).float()
+            else:
+                output = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=positions,
+                               use_cache=True, logits_to_keep=1, **cache_argument)
+                logits = output.logits[:, -1].float()
             recorded = torch.log_softmax(logits if greedy else logits / self.temperature, dim=-1)
             chosen = logits.argmax(-1) if greedy else sample_rows(torch.softmax(warpers(step_ids, logits), dim=-1))
             chosen = chosen.masked_fill(finished, self.pad_token_id)
@@ -389,53 +395,6 @@ class ComputeDtypeCopy:
         self._pairs = [(tensor, getattr(mirrored[path], name)) for path, name, tensor in _own_tensors(model, named=True)]
         self._copy, self._source = mirror, weakref.ref(model)
         self._versions = [source._version for source, _ in self._pairs]
-
-
-_DECODE_ROWS = 64
-"""Inputs of at most this many rows (a decode step's batch) take a linear layer's blocked weight."""
-
-
-class _DecodeLinear(torch.nn.Linear):
-    """A linear layer of the compute-dtype copy that also keeps its weight in oneDNN's blocked layout, laid out for a
-    few rows. A decode step multiplies a handful of rows by each weight, where the plain layout's matmul spends most
-    of its time outside the memory reads; prefills and scoring passes (many rows) take the plain weight. The blocked
-    copy is remade when the weight changes (its version counter moves, as the copy's refresh moves it)."""
-
-    @classmethod
-    def adopt(cls, linear: torch.nn.Linear) -> None:
-        """Turn the copy's ``linear`` into one of these in place, keeping its parameters and any hooks on it."""
-        linear.__class__ = cls
-        linear._blocked, linear._blocked_version = None, -1
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        input = input.to(self.weight.dtype)  # what autocast does to a linear layer's input
-        if input.numel() > _DECODE_ROWS * self.in_features:
-            return torch.nn.functional.linear(input, self.weight, self.bias)
-        if self._blocked_version != self.weight._version:
-            self._blocked = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 8)
-            self._blocked_version = self.weight._version
-        return torch.ops.mkldnn._linear_pointwise(input, self._blocked, self.bias, "none", [], "")
-
-
-@functools.cache
-def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
-    """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit (checked
-    once per process at 1 to 64 rows, on the embedded model's widths and small ones), so that the copy samples what
-    autocast over the float32 weights would sample. False where oneDNN lacks the dtype."""
-    supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
-    check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
-    if check is None or not torch.backends.mkldnn.is_available() or not check():
-        return False
-    generator = torch.Generator().manual_seed(0)
-    for outer, inner in ((192, 576), (1536, 576), (576, 1536), (4099, 96), (128, 64), (64, 128)):
-        weight = (torch.randn(outer, inner, generator=generator) / inner**0.5).to(dtype)
-        blocked = torch.ops.mkldnn._reorder_linear_weight(weight, 8)
-        for rows in (1, 3, 8, 17, _DECODE_ROWS):
-            rows_in = torch.randn(rows, inner, generator=generator).to(dtype)
-            plain = torch.nn.functional.linear(rows_in, weight)
-            if not torch.equal(plain, torch.ops.mkldnn._linear_pointwise(rows_in, blocked, None, "none", [], "")):
-                return False
-    return True
 
 
 _WATCHED_COPIES: "weakref.WeakSet[ComputeDtypeCopy]" = weakref.WeakSet()

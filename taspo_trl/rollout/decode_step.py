@@ -1,0 +1,187 @@
+"""The CPU sampler's decode step: a handful of rows, one new token each, through the compute-dtype copy's weights.
+
+A decode step of a small model reads every weight once and computes little, so on a CPU its time goes to the
+matmuls' memory reads and to the fixed cost of each operator call. Two things here cut both without changing a
+single number the model computes:
+
+- ``_DecodeLinear``: the copy's linear layers keep their weights in oneDNN's blocked layout for few-row inputs,
+  where the plain layout's matmul spends most of its time outside the memory reads.
+- ``FusedDecodeStep``: for the Llama layout (Llama, Qwen2, Mistral), q/k/v and gate/up multiply as one blocked
+  matrix each, and the step calls the model's own norms, rotary embedding, attention function and cache layers
+  directly, without the per-call bookkeeping of the model's modules and decorators.
+
+Both are used only where ``_blocked_layout_agrees`` found, on this CPU, that the blocked matmul gives every column
+the plain matmul's bits, whether or not its weight is stacked with others.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from typing import Any
+
+import torch
+from torch.nn.functional import rms_norm
+from transformers.cache_utils import DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+_DECODE_ROWS = 64
+"""Inputs of at most this many rows (a decode step's batch) take a linear layer's blocked weight."""
+
+
+def _blocked(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
+
+
+def _blocked_matmul(rows: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(rows, blocked, bias, "none", [], "")
+
+
+class _DecodeLinear(torch.nn.Linear):
+    """A linear layer of the compute-dtype copy that also keeps its weight in oneDNN's blocked layout, laid out for a
+    few rows. Prefills and scoring passes (many rows) take the plain weight. The blocked copy is remade when the
+    weight changes (its version counter moves, as the copy's refresh moves it)."""
+
+    @classmethod
+    def adopt(cls, linear: torch.nn.Linear) -> None:
+        """Turn the copy's ``linear`` into one of these in place, keeping its parameters and any hooks on it."""
+        linear.__class__ = cls
+        linear._blocked, linear._blocked_version = None, -1
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        input = input.to(self.weight.dtype)  # what autocast does to a linear layer's input
+        if input.numel() > _DECODE_ROWS * self.in_features:
+            return torch.nn.functional.linear(input, self.weight, self.bias)
+        if self._blocked_version != self.weight._version:
+            self._blocked, self._blocked_version = _blocked(self.weight), self.weight._version
+        # Rows as a matrix: oneDNN takes a slower path for a (batch, 1, features) input than for the same rows flat.
+        out = _blocked_matmul(input.reshape(-1, self.in_features), self._blocked, self.bias)
+        return out.view(*input.shape[:-1], self.out_features)
+
+
+@functools.cache
+def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
+    """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit, also with
+    weights stacked into one matrix (checked once per process at 1 to 64 rows, on the embedded model's widths and
+    small ones), so that the copy samples what autocast over the float32 weights would sample. False where oneDNN
+    lacks the dtype."""
+    supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
+    check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
+    if check is None or not torch.backends.mkldnn.is_available() or not check():
+        return False
+    generator = torch.Generator().manual_seed(0)
+    for outers, inner in (((576, 192, 192), 576), ((1536, 1536), 576), ((576,), 1536), ((4099,), 96),
+                          ((128, 32, 32), 64), ((64, 64), 128)):
+        weights = [(torch.randn(outer, inner, generator=generator) / inner**0.5).to(dtype) for outer in outers]
+        stacked = _blocked(torch.cat(weights))
+        for rows in (1, 3, 8, 17, _DECODE_ROWS):
+            rows_in = torch.randn(rows, inner, generator=generator).to(dtype)
+            plain = torch.cat([torch.nn.functional.linear(rows_in, weight) for weight in weights], dim=-1)
+            separate = torch.cat([_blocked_matmul(rows_in, _blocked(weight), None) for weight in weights], dim=-1)
+            if not (torch.equal(plain, separate) and torch.equal(plain, _blocked_matmul(rows_in, stacked, None))):
+                return False
+    return True
+
+
+_STEPS: "weakref.WeakKeyDictionary[Any, FusedDecodeStep | None]" = weakref.WeakKeyDictionary()
+
+_LLAMA_LAYOUT = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+"""Models whose decoder layer is exactly: RMS norm, q/k/v projections, rotary embedding, cache, attention, o projection,
+residual; RMS norm, down(act(gate) * up), residual. Their RMS norm computes what torch's ``rms_norm`` computes, bit for
+bit. Other classes (Qwen3's q/k norms, Gemma's scaled embeddings and extra norms) take the model's own forward."""
+
+
+def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The Llama layout's rotary embedding (``apply_rotary_pos_emb`` of one tensor, ``cos``/``sin`` unsqueezed)."""
+    half = states.shape[-1] // 2
+    return states * cos + torch.cat((-states[..., half:], states[..., :half]), dim=-1) * sin
+
+
+class FusedDecodeStep:
+    """One decode step of a Llama-layout compute-dtype copy, computing the numbers its forward computes.
+
+    ``for_model(model)`` returns the step kept on the copy, or ``None`` where the model is not of the Llama layout,
+    attends with anything but SDPA, has a linear layer that is not a plain ``_DecodeLinear`` (LoRA adapters), or has
+    a forward hook anywhere (which the step would bypass). Call it under the sampler's autocast with the step's
+    token ids, their positions and the whole attention mask so far; it returns the logits of the new position.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.inner = model.model
+        self.config = self.inner.config
+        self.attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        self.cache_keyword = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+        self.groups = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.inner.layers]
+        self.groups += [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.inner.layers]
+        self._stacked: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._versions: list[int] = []
+
+    @classmethod
+    def for_model(cls, model: Any) -> FusedDecodeStep | None:
+        if model not in _STEPS:
+            _STEPS[model] = cls(model) if cls._fits(model) else None
+        return _STEPS[model]
+
+    @staticmethod
+    def _fits(model: Any) -> bool:
+        if type(model).__name__ not in _LLAMA_LAYOUT or getattr(model.config, "_attn_implementation", None) != "sdpa":
+            return False
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+            return False
+        if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
+            return False
+        for layer in model.model.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj,
+                       mlp.up_proj, mlp.down_proj)
+            if any(type(linear) is not _DecodeLinear for linear in linears):
+                return False
+            if (attention.q_proj.bias is None) != (attention.k_proj.bias is None) or (mlp.gate_proj.bias is None) != (
+                    mlp.up_proj.bias is None):
+                return False
+        return type(model.lm_head) is _DecodeLinear
+
+    def _refresh(self) -> None:
+        """Stacks each group's weights (and biases) again when any of them changed since."""
+        versions = [linear.weight._version for group in self.groups for linear in group]
+        if versions == self._versions:
+            return
+        self._stacked = []
+        for group in self.groups:
+            bias = None if group[0].bias is None else torch.cat([linear.bias for linear in group]).detach()
+            self._stacked.append((_blocked(torch.cat([linear.weight for linear in group])), bias))
+        self._versions = versions
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:
+        self._refresh()
+        inner, rows = self.inner, input_ids.size(0)
+        hidden = inner.embed_tokens(input_ids)
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                                  position_ids=position_ids, **{self.cache_keyword: cache})
+        cos, sin = inner.rotary_emb(hidden, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        layers = len(inner.layers)
+        for index, layer in enumerate(inner.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm
+            normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
+            qkv = _blocked_matmul(normed.to(attention.q_proj.weight.dtype).reshape(rows, -1), *self._stacked[index])
+            queries, keys = attention.q_proj.out_features, attention.k_proj.out_features
+            # The rotary embedding of queries and keys in one pass: elementwise, so each element as when apart.
+            rotated = _rotate(qkv[:, : queries + keys].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
+            heads = queries // attention.head_dim
+            query, key = rotated[:, :heads].contiguous(), rotated[:, heads:]
+            value = qkv[:, queries + keys :].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
+            key, value = cache.layers[index].update(key, value)
+            attended, _ = self.attend(attention, query, key, value, mask, dropout=0.0, scaling=attention.scaling)
+            hidden = hidden + attention.o_proj(attended.reshape(rows, 1, -1).contiguous())
+            norm = layer.post_attention_layernorm
+            normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
+            gate_up = _blocked_matmul(normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1), *self._stacked[layers + index])
+            gate, up = gate_up.chunk(2, dim=-1)
+            hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up).view(rows, 1, -1)
+        return self.model.lm_head(inner.norm(hidden))[:, -1]
