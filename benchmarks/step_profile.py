@@ -35,6 +35,8 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.cli import build_trainer
 from taspo_trl.trainers.grpo import environment_reward
 
+from decode_pace import matmul_throughput, read_bandwidth  # this folder's
+
 Batch = dict[str, Any]
 
 
@@ -159,7 +161,10 @@ def main() -> None:
     parser.add_argument("--reward", choices=["dense", "verified"], default="dense")
     args, overrides = parser.parse_known_args()  # anything else overrides the recipe, e.g. --gradient_checkpointing true
 
+    # The cores' pace drifts on shared machines: the same probe before and after says how far, during this run.
+    probes = [_machine_probe()]
     result = profile(args.config, args.reward, overrides)
+    probes.append(_machine_probe())
     phases = result["phases"]
     order = ["rollout", "log-prob passes", "privileged passes", "forward", "backward"]
     other = result["step"] - sum(phases.get(p, 0.0) for p in order)
@@ -181,6 +186,13 @@ def main() -> None:
     print(f"| bare torch loop | {result['bare']:.1f} | {tokens / result['bare']:.0f} |")
     print(f"\n{tokens} attended tokens in {padded} padded ({1 - tokens / padded:.0%} padding); "
           f"trainer / bare tokens/s = {result['bare'] / trainer_seconds:.2f} (target >= {1 / 1.3:.2f})")
+    print("machine pace before / after the step: " + " / ".join(
+        f"bf16 matmul {tflops:.2f} TFLOP/s, read {bandwidth:.1f} GB/s" for tflops, bandwidth in probes))
+
+
+def _machine_probe() -> tuple[float, float]:
+    """(TFLOP/s of a prefill-shaped bf16 matmul, GB/s of a 1 GiB read), as ``decode_pace.py`` measures them."""
+    return matmul_throughput(2400, 576, 1536, torch.bfloat16), read_bandwidth(1.0)
 
 
 if __name__ == "__main__":
