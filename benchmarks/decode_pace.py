@@ -144,7 +144,8 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
             "decode_ms_all": [round(s * 1e3, 2) for s in run["step"]],
         }
     result["decode_speedup"] = round(result["before"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
-    result["fused_step_speedup"] = round(result["unfused"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
+    result["fused_step_speedup"] = round(
+        result["unfused"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
     return result
 
 
@@ -209,8 +210,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name:>7}: decode {run['decode_ms_per_step']} ms a step ({run['times_the_limit']}x the limit), "
               f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
     print(f"decode speed-up x{result['decode_speedup']} (the fused step's share x{result['fused_step_speedup']}, the "
-          f"same samples with and without it: {result['same_samples_with_and_without_the_fused_step']}); with generate's draw (torch.multinomial) the same samples "
-          f"for the seed: {result['same_samples_with_generates_draw']}")
+          f"same samples with and without it: {result['same_samples_with_and_without_the_fused_step']}); with "
+          "generate's draw (torch.multinomial) the same samples for the seed: "
+          f"{result['same_samples_with_generates_draw']}")
     out = Path(args.out or RESULTS / f"decode_pace_{'bf16' if precision.bf16 else 'float32'}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -290,7 +290,7 @@ def decode_pace(*results: dict[str, Any]) -> str:
     lines = ["| precision | sampler | decode ms a step | x the weight-read limit | prefill tokens/s | prefill TFLOP/s |",
              "|---|---|---|---|---|---|"]
     for r in results:
-        for name in ("before", "after"):
+        for name in (name for name in ("before", "unfused", "after") if name in r):  # runs before the fused step: 2
             run = r[name]
             lines.append(f"| {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | {run['times_the_limit']:.2f} | "
                          f"{run['prefill_tokens_per_s']:.0f} | {run['prefill_tflop_s']:.3f} |")
@@ -300,7 +300,10 @@ def decode_pace(*results: dict[str, Any]) -> str:
                   f"tokens, {s['threads']} threads, medians of {s['reps']}; read bandwidth {r['read_bandwidth_gb_s']} GB/s "
                   f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
                   f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; with `generate`'s draw, "
-                  f"the same samples for a seed as before: {'yes' if r['same_samples_with_generates_draw'] else 'NO'}."]
+                  f"the same samples for a seed as before: {'yes' if r['same_samples_with_generates_draw'] else 'NO'}."
+                  + (f" `unfused` is `after` without the fused decode step, which decodes x{r['fused_step_speedup']} "
+                     f"faster with the same samples: {'yes' if r['same_samples_with_and_without_the_fused_step'] else 'NO'}."
+                     if "unfused" in r else "")]
     return "\n".join(lines)
 
 

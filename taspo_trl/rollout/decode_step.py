@@ -113,8 +113,10 @@ class FusedDecodeStep:
         self.inner = model.model
         self.config = self.inner.config
         self.attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-        self.cache_keyword = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
-        self.groups = [(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.inner.layers]
+        takes_cache = "cache" in inspect.signature(create_causal_mask).parameters
+        self.cache_keyword = "cache" if takes_cache else "past_key_values"
+        attentions = [layer.self_attn for layer in self.inner.layers]
+        self.groups = [(attention.q_proj, attention.k_proj, attention.v_proj) for attention in attentions]
         self.groups += [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.inner.layers]
         self._stacked: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self._versions: list[int] = []
@@ -181,7 +183,7 @@ class FusedDecodeStep:
             hidden = hidden + attention.o_proj(attended.reshape(rows, 1, -1).contiguous())
             norm = layer.post_attention_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
-            gate_up = _blocked_matmul(normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1), *self._stacked[layers + index])
-            gate, up = gate_up.chunk(2, dim=-1)
+            normed = normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1)
+            gate, up = _blocked_matmul(normed, *self._stacked[layers + index]).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up).view(rows, 1, -1)
         return self.model.lm_head(inner.norm(hidden))[:, -1]
