@@ -81,6 +81,27 @@ def test_conversion_writes_once_and_reports(empty_cache: Path, monkeypatch, caps
     assert sorted(p.name for p in (empty_cache / "models").iterdir()) == ["smollm2-135m-instruct"]
 
 
+def test_a_conversion_parses_the_gguf_file_once(tmp_path: Path) -> None:
+    """transformers opens the GGUF file for the tokenizer, the config and the weights; inside the conversion the
+    three share one reader (the header's parse is most of a conversion), and outside it every open is new again."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(tmp_path / "tiny.gguf", "llama")
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    path = str(tmp_path / "tiny.gguf")
+    opened = gguf.GGUFReader
+    with models._one_gguf_reader():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(path) is first
+        assert first.tensors[0].name == "token_embd.weight"
+    assert gguf.GGUFReader is opened and gguf.GGUFReader(path) is not first
+
+
 def test_crash_mid_conversion_leaves_no_cache(empty_cache: Path, monkeypatch) -> None:
     def crashing_export(gguf_path: Path, out_dir: Path) -> None:
         (out_dir / "model.safetensors").write_bytes(b"partial")
