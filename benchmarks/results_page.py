@@ -316,6 +316,10 @@ def step_time(*results: dict[str, Any]) -> str:
             lines.append(f"| {r['precision']} | {name} | {', '.join(f'{t:.1f}' for t in run['step_times'])} | "
                          f"{', '.join(f'{t:.1f}' for t in run['extra'])} | {ratio:.3f} |")
     for r in results:
+        for name, run in r["methods"].items():
+            for part, values in run.get("extra_parts", {}).items():  # runs before the split: the sum only
+                lines.append(f"| {r['precision']} | {name}: {part} | | {', '.join(f'{t:.1f}' for t in values)} | |")
+    for r in results:
         s = r["settings"]
         lines += ["", f"{r['precision']}: {s['steps']} steps of {s['model']} in the `{s['layout']}` layout, each method in "
                   f"its own process, on one game's scripted siblings (two walkthrough wins, two stalls) scored by the "

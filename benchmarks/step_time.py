@@ -40,6 +40,16 @@ METHODS = {
 }
 
 
+EXTRA_PASSES = {
+    "TASPO rescoring": "taspo/rescoring_seconds",
+    "analyzer": "pi/analyzer_seconds",
+    "AlignOPSD teacher generation": "alignopsd/teacher_generation_seconds",
+    "AlignOPSD encoder": "alignopsd/encoder_seconds",
+    "AlignOPSD rescoring": "alignopsd/rescoring_seconds",
+}
+"""The logged seconds of each method's passes beyond GRPO's, by name."""
+
+
 def _plans(walkthrough: list[str], max_turns: int) -> list[list[str | None]]:
     return [
         list(walkthrough),
@@ -78,14 +88,11 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
     trainer.train()
     trainer.close()
     logs = [entry for entry in trainer.state.log_history if "step_time" in entry]
+    parts = {name: [entry.get(key, 0.0) for entry in logs] for name, key in EXTRA_PASSES.items()}
     return {
         "step_times": [entry["step_time"] for entry in logs],
-        "extra": [
-            entry.get("taspo/rescoring_seconds", 0.0) + entry.get("pi/analyzer_seconds", 0.0)
-            + entry.get("alignopsd/rescoring_seconds", 0.0) + entry.get("alignopsd/encoder_seconds", 0.0)
-            + entry.get("alignopsd/teacher_generation_seconds", 0.0)
-            for entry in logs
-        ],
+        "extra": [sum(values) for values in zip(*parts.values())],
+        "extra_parts": {name: values for name, values in parts.items() if any(values)},
         "pi_coverage": [entry.get("pi/coverage", 0.0) for entry in logs],
         "rows": [entry["rows/count"] for entry in logs],
     }
@@ -131,6 +138,8 @@ def main() -> None:
     for name, result in results.items():
         print(f"{name:<10} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}; "
               f"extra passes (s): {', '.join(f'{t:.1f}' for t in result['extra'])}")
+        for part, values in result["extra_parts"].items():
+            print(f"{'':<10} {part} (s): {', '.join(f'{t:.1f}' for t in values)}")
     print(f"TASPO PI coverage per step: {results['taspo']['pi_coverage']}")
     grpo = statistics.median(results["grpo"]["step_times"])
     ratios = {name: statistics.median(results[name]["step_times"]) / grpo for name in ("taspo", "alignopsd")}
