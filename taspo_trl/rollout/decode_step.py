@@ -93,6 +93,12 @@ residual; RMS norm, down(act(gate) * up), residual. Their RMS norm computes what
 bit. Other classes (Qwen3's q/k norms, Gemma's scaled embeddings and extra norms) take the model's own forward."""
 
 
+def _stacked(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The blocked matrix of ``linears``' weights stacked, and their stacked biases (``None`` without biases)."""
+    bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears]).detach()
+    return _blocked(torch.cat([linear.weight for linear in linears])), bias
+
+
 def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The Llama layout's rotary embedding (``apply_rotary_pos_emb`` of one tensor, ``cos``/``sin`` unsqueezed)."""
     half = states.shape[-1] // 2
@@ -115,10 +121,13 @@ class FusedDecodeStep:
         self.attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         takes_cache = "cache" in inspect.signature(create_causal_mask).parameters
         self.cache_keyword = "cache" if takes_cache else "past_key_values"
-        attentions = [layer.self_attn for layer in self.inner.layers]
-        self.groups = [(attention.q_proj, attention.k_proj, attention.v_proj) for attention in attentions]
-        self.groups += [(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.inner.layers]
-        self._stacked: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        # Every layer's (q, k, v) and (gate, up), the matrices each step multiplies as one.
+        self.groups = [((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                        (layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in self.inner.layers]
+        first = self.inner.layers[0].self_attn
+        self.queries, self.keys = first.q_proj.out_features, first.k_proj.out_features
+        self.heads = self.queries // first.head_dim
+        self._stacked: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]] = []
         self._versions: list[int] = []
 
     @classmethod
@@ -148,14 +157,10 @@ class FusedDecodeStep:
 
     def _refresh(self) -> None:
         """Stacks each group's weights (and biases) again when any of them changed since."""
-        versions = [linear.weight._version for group in self.groups for linear in group]
-        if versions == self._versions:
-            return
-        self._stacked = []
-        for group in self.groups:
-            bias = None if group[0].bias is None else torch.cat([linear.bias for linear in group]).detach()
-            self._stacked.append((_blocked(torch.cat([linear.weight for linear in group])), bias))
-        self._versions = versions
+        versions = [linear.weight._version for groups in self.groups for group in groups for linear in group]
+        if versions != self._versions:
+            self._stacked = [tuple(_stacked(group) for group in groups) for groups in self.groups]
+            self._versions = versions
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  cache: DynamicCache) -> torch.Tensor:
@@ -166,24 +171,23 @@ class FusedDecodeStep:
                                   position_ids=position_ids, **{self.cache_keyword: cache})
         cos, sin = inner.rotary_emb(hidden, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        layers = len(inner.layers)
         for index, layer in enumerate(inner.layers):
             attention, mlp = layer.self_attn, layer.mlp
+            stacked_qkv, stacked_gate_up = self._stacked[index]
             norm = layer.input_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
-            qkv = _blocked_matmul(normed.to(attention.q_proj.weight.dtype).reshape(rows, -1), *self._stacked[index])
-            queries, keys = attention.q_proj.out_features, attention.k_proj.out_features
+            qkv = _blocked_matmul(normed.to(attention.q_proj.weight.dtype).reshape(rows, -1), *stacked_qkv)
+            query_key = self.queries + self.keys
             # The rotary embedding of queries and keys in one pass: elementwise, so each element as when apart.
-            rotated = _rotate(qkv[:, : queries + keys].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
-            heads = queries // attention.head_dim
-            query, key = rotated[:, :heads].contiguous(), rotated[:, heads:]
-            value = qkv[:, queries + keys :].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
+            rotated = _rotate(qkv[:, :query_key].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
+            query, key = rotated[:, : self.heads].contiguous(), rotated[:, self.heads :]
+            value = qkv[:, query_key:].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
             key, value = cache.layers[index].update(key, value)
             attended, _ = self.attend(attention, query, key, value, mask, dropout=0.0, scaling=attention.scaling)
             hidden = hidden + attention.o_proj(attended.reshape(rows, 1, -1).contiguous())
             norm = layer.post_attention_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
             normed = normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1)
-            gate, up = _blocked_matmul(normed, *self._stacked[layers + index]).chunk(2, dim=-1)
+            gate, up = _blocked_matmul(normed, *stacked_gate_up).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up).view(rows, 1, -1)
         return self.model.lm_head(inner.norm(hidden))[:, -1]
