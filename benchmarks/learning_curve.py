@@ -1,27 +1,41 @@
-"""Learning curves: GRPO, TASPO and AlignOPSD trained from the same warm start with the same seeds, each
-evaluated every k optimizer steps on the same fixed ``eval_unseen`` ALFWorld games with the same sampling seed.
+"""Learning curves: GRPO, TASPO, AlignOPSD and GiGPO trained from the same warm start with the same seeds on train
+games the warm start never saw, each evaluated every k optimizer steps on the same fixed ``eval_unseen`` ALFWorld
+games with the same sampling seed; success with 95 % intervals that resample seeds and games, and each method's
+paired difference from GRPO.
 
 Every run is the ALFWorld quickstart recipe of its method (``recipes/quickstart/alfworld_<method>_cpu.yaml``),
 built by ``taspo-train``'s own ``build_trainer`` with the setting's command-line overrides, so the curves use
 exactly the settings a user trains with. A ``TrainerCallback`` evaluates at step 0 (the warm start) and after
 every k-th step inside the one ``trainer.train()`` call, so the optimizer state carries across evaluations.
 
-    python benchmarks/learning_curve.py --setting cpu --model ~/.cache/taspo_trl/models/smollm2-135m-alfworld
-    python benchmarks/learning_curve.py --setting gpu    # one GPU: vLLM colocated, 3 seeds, all three methods
+    python benchmarks/learning_curve.py --setting cpu                         # every method and seed (many hours)
+    python benchmarks/learning_curve.py --setting cpu --methods grpo --seeds 0 1 --out parts/a   # one part
+    python benchmarks/learning_curve.py --merge parts/a parts/b --out merged  # parts from other runs or machines
+    python benchmarks/learning_curve.py --report merged                       # redo the statistics and the figure
+    python benchmarks/learning_curve.py --setting gpu                         # one GPU: vLLM colocated
 
-Settings: ``smoke`` (tiny model, one step, one game; the test), ``cpu`` (one seed of GRPO and TASPO, sized for
-at most an hour on a 2-core machine; run it in the background) and ``gpu`` (three seeds of all three methods,
-bigger batches, vLLM rollouts; one process, one GPU).
+Settings: ``smoke`` (tiny model, one game; the tests), ``cpu`` (the four methods, three seeds, fresh train games,
+60 evaluation games) and ``gpu`` (the same methods, seeds and evaluation games, bigger batches, vLLM rollouts).
 
-Outputs, in ``--out``: ``runs/<method>_seed<seed>.json`` per run, and ``learning_curve.json`` and
-``learning_curve.png`` over all runs (success, and the valid-action rate, against step, per method, one thin
-line per seed and a thick mean). All three are rewritten after every evaluation, so a run that is stopped
-leaves its partial curves.
+Runs in parts. An output folder (a *part*) holds ``part.json`` (what its runs share: the setting, the warm start's
+fingerprint, a hash of the package's code and the recipes, the library versions, the precision, the evaluation
+games; and the provenance of every invocation), ``runs/<method>_seed<seed>.json`` (each evaluation with every
+game's outcome, and the wall time of each segment of the run) and ``train/<method>_seed<seed>/checkpoint-N``
+(saved at every evaluation). Invoked again on the same folder it resumes every unfinished run from the checkpoint
+of its last evaluation (a cut-off checkpoint is skipped for the one before it) and skips finished runs; it refuses a
+folder whose runs differ from the invocation in code, warm start or settings, and says which. ``--merge`` puts the
+runs of several parts together under the same check.
+
+Statistics (``--report`` recomputes them): success per method and evaluation with a 95 % interval from a bootstrap
+that resamples training seeds and evaluation games; each method's paired difference from GRPO (same seeds, same
+games) at the last evaluation and in the area under the curve (the trapezoid mean of success over the steps);
+and the difference a run of this size can detect, from the spread of the per-seed success between seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -31,23 +45,31 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import TrainerCallback
 
+from taspo_trl.checkpoints import find_resumable
 from taspo_trl.cli import build_trainer
 from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.alfworld import TASK_TYPES, find_game_files, generate_games, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows, summarize
-from taspo_trl.provenance import provenance
-from taspo_trl.warmstart import resolve_policy_path
+from taspo_trl.precision import choose_precision
+from taspo_trl.provenance import package_versions, provenance, source_commit
+from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_START = "embedded:smollm2-135m-alfworld"  # taspo_trl.warmstart: the embedded model after SFT on walkthroughs
 # Evaluation samples at the training temperature with this seed, reset before every evaluation, so every
 # method and seed is measured on the same games with the same random stream.
 EVAL_SEED = 0
-# The figure's panels: success, and the valid-action rate, which moves before success does.
-PANELS = {"success": "success", "valid_action_rate": "valid-action rate"}
+EVAL_GAMES_SEED = 0
+RESAMPLES = 4000
+BOOTSTRAP_SEED = 0
+# 80 % power for a two-sided test at the 5 % level: the smallest true difference that is detected 4 times in 5
+# is (1.96 + 0.84) standard errors of the measured difference.
+DETECTABLE_SES = 2.80
+VERSIONED = ("torch", "transformers", "trl", "peft", "textworld", "alfworld")
 
 
 @dataclass(frozen=True)
@@ -57,11 +79,13 @@ class Setting:
     Attributes:
         methods: credit methods to train (each uses ``recipes/quickstart/alfworld_<method>_cpu.yaml``).
         seeds: training seeds; every method trains once per seed.
-        steps: optimizer steps per run.
+        steps: optimizer steps per run (the learning-rate schedule runs over them).
         eval_every: evaluate after every ``eval_every``-th step (and at step 0 and the last step).
         eval_games_per_family: generated ``eval_unseen`` games per task family.
         eval_families: task families to evaluate on (all six when empty).
         eval_turns: turn cap of an evaluation episode.
+        train_games_per_type: generated train games per family, the pool each step draws its tasks from.
+        train_games_seed: the seed of those games (the warm start trained on other seeds).
         overrides: ``taspo-train`` flags applied on top of the recipe.
         isolate: train each run in a child process (vLLM's colocated engine keeps its GPU memory until its
             process ends; a fresh process also starts every run from the same memory state).
@@ -74,20 +98,25 @@ class Setting:
     eval_games_per_family: int
     eval_families: tuple[str, ...]
     eval_turns: int
+    train_games_per_type: int
+    train_games_seed: int
     overrides: tuple[str, ...]
     isolate: bool
 
 
+METHODS = ("grpo", "taspo", "alignopsd", "gigpo")
 SETTINGS: dict[str, Setting] = {
-    # The test: every code path (recipe build, callback, evaluation, report, plot) at the smallest size.
+    # The tests: every code path (recipe build, callback, evaluation, checkpoints, report, plot) at the smallest size.
     "smoke": Setting(
         methods=("grpo", "taspo"),
         seeds=(0,),
-        steps=1,
+        steps=2,
         eval_every=1,
         eval_games_per_family=1,
-        eval_families=(TASK_TYPES[0],),
+        eval_families=(TASK_TYPES[1], TASK_TYPES[3]),
         eval_turns=2,
+        train_games_per_type=1,
+        train_games_seed=FRESH_GAMES_SEED,
         overrides=(
             "--num_generations", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
             "--max_turns", "2", "--max_completion_length", "8", "--max_tasks", "1", "--gradient_checkpointing",
@@ -95,49 +124,156 @@ SETTINGS: dict[str, Setting] = {
         ),
         isolate=False,
     ),
-    # The quickstart recipes unchanged but for the step count: 8 steps play each of the 6 train tasks 2-3 times.
-    # Evaluation on 2 games per family (the warm-start table's 12 eval_unseen games), so one game is 8 points.
+    # The quickstart recipes (2 tasks x 4 siblings a step, lr 1e-5, 12 turns of 48 tokens) on a pool of 120 fresh
+    # train games (20 per family, so nearly every step plays new games) for 40 steps, evaluated every 10 steps
+    # on 60 eval_unseen games (10 per family: one game is 1.7 points). A run takes about 40 minutes on a 2-core
+    # CPU with bf16 (AlignOPSD about an hour); the twelve runs about nine hours, in parts.
     "cpu": Setting(
-        methods=("grpo", "taspo"),
-        seeds=(0,),
-        steps=8,
-        eval_every=2,
-        eval_games_per_family=2,
+        methods=METHODS,
+        seeds=(0, 1, 2),
+        steps=40,
+        eval_every=10,
+        eval_games_per_family=10,
         eval_families=(),
         eval_turns=12,
+        train_games_per_type=20,
+        train_games_seed=FRESH_GAMES_SEED,
         overrides=(),
         isolate=True,
     ),
-    # One GPU: 8 tasks x 8 siblings per step with vLLM rollouts (colocated), longer episodes and responses,
-    # and 30 evaluation games, so one success is 3 percentage points rather than 17.
+    # One GPU: 8 tasks x 8 siblings per step with vLLM rollouts (colocated), longer episodes and responses, the
+    # same 60 evaluation games.
     "gpu": Setting(
-        methods=("grpo", "taspo", "alignopsd"),
+        methods=METHODS,
         seeds=(0, 1, 2),
         steps=150,
         eval_every=10,
-        eval_games_per_family=5,
+        eval_games_per_family=10,
         eval_families=(),
         eval_turns=30,
+        train_games_per_type=20,
+        train_games_seed=FRESH_GAMES_SEED,
         overrides=(
             "--use_cpu", "false", "--bf16", "true", "--use_vllm", "true", "--vllm_mode", "colocate",
             "--vllm_gpu_memory_utilization", "0.3", "--num_generations", "8", "--per_device_train_batch_size",
-            "8", "--gradient_accumulation_steps", "8", "--games_per_type", "20", "--max_turns", "30",
-            "--max_completion_length", "128", "--learning_rate", "1e-6",
+            "8", "--gradient_accumulation_steps", "8", "--max_turns", "30", "--max_completion_length", "128",
+            "--learning_rate", "1e-6",
         ),
         isolate=True,
     ),
 }
 
 
-class CurveRecorder(TrainerCallback):
-    """Evaluates the policy on fixed games at step 0, every ``every`` steps and at the last step, and hands
-    each point to ``on_point``. One process only: every process of a multi-process launch would evaluate."""
+# ---- what a part's runs share ------------------------------------------------------------------------------------
 
-    def __init__(self, rows: list[dict[str, Any]], max_turns: int, every: int, on_point: Any):
+
+def code_sha256(methods: tuple[str, ...]) -> str:
+    """SHA-256 over the package's Python files and the methods' recipes: the code a run trains with. (This
+    script's statistics and plotting are left out; its training settings are in the setting.)"""
+    digest = hashlib.sha256()
+    files = sorted((ROOT / "taspo_trl").rglob("*.py")) + [
+        ROOT / "recipes" / "quickstart" / f"alfworld_{method}_cpu.yaml" for method in sorted(methods)]
+    for path in files:
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def model_identity(name: str, model_dir: str) -> dict[str, Any]:
+    """The starting policy: a warm start's build fingerprint and training-data hash, else its weights' hash."""
+    record = Path(model_dir) / "warm_start.json"
+    if record.is_file():
+        built = json.loads(record.read_text())
+        return {"name": name, "fingerprint": built["fingerprint"], "data_sha256": built.get("data_sha256")}
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(path.read_bytes())
+    return {"name": name, "weights_sha256": digest.hexdigest()}
+
+
+def _requested_bf16(overrides: tuple[str, ...]) -> bool | None:
+    if "--bf16" in overrides:
+        return overrides[overrides.index("--bf16") + 1].lower() == "true"
+    return None
+
+
+def games_sha256(rows: list[dict[str, Any]]) -> str:
+    """SHA-256 over the games of ``rows`` (each game file's bytes and its path below its split's folder), so two
+    parts that generated the same games in different folders agree."""
+    digest = hashlib.sha256()
+    for row in rows:
+        game = Path(row["game_file"])
+        digest.update("/".join(game.parts[-3:]).encode() + b"\0" + game.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def identity(setting_name: str, setting: Setting, model: str, model_dir: str, eval_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything two runs must share to be compared or pooled (the methods and seeds excepted)."""
+    config = {key: value for key, value in asdict(setting).items() if key not in ("methods", "seeds", "isolate")}
+    return json.loads(json.dumps({
+        "setting": setting_name,
+        "config": config,
+        "warm_start": model_identity(model, model_dir),
+        "code_sha256": code_sha256(setting.methods),
+        "versions": package_versions(VERSIONED),
+        "bf16": choose_precision(_requested_bf16(setting.overrides), use_cpu="--use_cpu" not in setting.overrides).bf16,
+        "eval_games_sha256": games_sha256(eval_rows),
+        "eval_games": len(eval_rows),
+        "eval_seed": EVAL_SEED,
+    }))
+
+
+def identity_differences(expected: dict[str, Any], found: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys (dotted) whose values differ between two identities, with both values."""
+    differences = []
+    for key in sorted(set(expected) | set(found)):
+        a, b = expected.get(key), found.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            differences += identity_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            differences.append(f"{prefix}{key}: {json.dumps(a)} vs {json.dumps(b)}")
+    return differences
+
+
+class PartMismatch(ValueError):
+    """Runs that differ in code, warm start or settings: they can't be resumed or pooled together."""
+
+
+def open_part(out: Path, wanted: dict[str, Any], invocation: dict[str, Any] | None) -> dict[str, Any]:
+    """``out/part.json``, with ``invocation`` added unless it is ``None``; a new part if there is none. Raises
+    ``PartMismatch`` when the folder holds runs of another identity."""
+    path = out / "part.json"
+    if path.is_file():
+        part = json.loads(path.read_text())
+        differences = identity_differences(part["identity"], wanted)
+        if differences:
+            raise PartMismatch(
+                f"{out} holds runs that differ from this invocation in: {'; '.join(differences)} (theirs vs this "
+                "one's). Continue them with the code, warm start and settings they began with, or give another --out.")
+    else:
+        part = {"identity": wanted, "invocations": []}
+    if invocation is not None:
+        part["invocations"].append(invocation)
+    write_json(path, part)
+    return part
+
+
+# ---- training and evaluation --------------------------------------------------------------------------------------
+
+
+class CurveRecorder(TrainerCallback):
+    """Evaluates the policy on fixed games at step 0 (unless ``start`` > 0: a resumed run), every ``every`` steps
+    and at the last step, and hands each point to ``on_point``. One process only: every process of a
+    multi-process launch would evaluate. ``first_point`` may return step 0's point measured before (every run
+    starts from the same policy), or ``None``."""
+
+    def __init__(self, rows: list[dict[str, Any]], max_turns: int, every: int, on_point: Any, start: int = 0,
+                 first_point: Any = None):
         self.rows = rows
         self.max_turns = max_turns
         self.every = every
         self.on_point = on_point
+        self.start = start
+        self.first_point = first_point or (lambda: None)
         self.eval_args: EvalArguments | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
@@ -156,14 +292,17 @@ class CurveRecorder(TrainerCallback):
             eval_batch_size=len(self.rows),
             bf16=args.bf16,
         )
-        self._evaluate(0, args.environment, model, processing_class)
+        if self.start == 0:
+            self.on_point(self.first_point() or self._evaluate(0, args.environment, model, processing_class))
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
                     **kwargs: Any) -> None:
-        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            self._evaluate(state.global_step, args.environment, model, processing_class)
+        if state.global_step > self.start and (state.global_step % self.every == 0
+                                               or state.global_step == state.max_steps):
+            self.on_point(self._evaluate(state.global_step, args.environment, model, processing_class))
+            control.should_save = True  # the checkpoint a stopped run resumes from
 
-    def _evaluate(self, step: int, environment: str, model: Any, tokenizer: Any) -> None:
+    def _evaluate(self, step: int, environment: str, model: Any, tokenizer: Any) -> dict[str, Any]:
         began = time.perf_counter()
         # evaluate_rows reseeds torch; forking the RNG keeps training's own random stream untouched, so a run
         # samples the same rollouts whatever its evaluation schedule.
@@ -172,16 +311,17 @@ class CurveRecorder(TrainerCallback):
             trajectories = evaluate_rows(self.rows, model, tokenizer, self.eval_args, get_env_factory(environment))
         turns = [turn for trajectory in trajectories for turn in trajectory.turns]
         summary = summarize(trajectories)
-        self.on_point({
+        return {
             "step": step,
             "success": summary["overall"]["success"],
+            "outcomes": [int(trajectory.won) for trajectory in trajectories],
             "valid_action_rate": sum(turn.action_valid for turn in turns) / len(turns) if turns else 0.0,
             "success_per_family": {family: stats["success"] for family, stats in summary["groups"].items()},
             "eval_seconds": round(time.perf_counter() - began, 1),
-        })
+        }
 
 
-def _write_json(path: Path, value: Any) -> None:
+def write_json(path: Path, value: Any) -> None:
     """Write through a temporary file and a rename, so whoever polls the file never reads half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.tmp")
@@ -189,151 +329,372 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(staging, path)
 
 
-def _mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Mean of each plotted metric over seeds at the steps every seed has reached (a stopped run leaves shorter
-    curves)."""
-    by_step = [{point["step"]: point for point in curve} for curve in curves]
-    shared = set.intersection(*(set(steps) for steps in by_step))
-    return [
-        {"step": step, **{metric: sum(s[step][metric] for s in by_step) / len(by_step) for metric in PANELS}}
-        for step in sorted(shared)
-    ]
+def _read_run(path: Path, method: str, seed: int) -> dict[str, Any]:
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"method": method, "seed": seed, "points": [], "segments": [], "done": False}
 
 
-def write_report(out: Path, header: dict[str, Any], methods: tuple[str, ...]) -> dict[str, Any]:
-    """Merge the run files under ``out/runs`` into ``learning_curve.json`` and draw ``learning_curve.png``."""
-    report: dict[str, Any] = {**header, "methods": {}}
-    for method in methods:
-        runs = [json.loads(path.read_text()) for path in sorted((out / "runs").glob(f"{method}_seed*.json"))]
-        runs = [run for run in runs if run["points"]]
-        if runs:
-            report["methods"][method] = {
-                "seeds": {str(run["seed"]): run["points"] for run in runs},
-                "mean": _mean_curve([run["points"] for run in runs]),
-            }
-    report = json.loads(json.dumps(report))  # returned as a reader of the file sees it (tuples become lists)
-    _write_json(out / "learning_curve.json", report)
-    _plot(report, out / "learning_curve.png")
-    return report
+def _resume_point(run: dict[str, Any], train_dir: Path) -> tuple[Path | None, int]:
+    """The checkpoint to resume from and its step (0: start over), the run's points cut back to it. A checkpoint
+    without its evaluation recorded (stopped between the two) or an evaluation without its checkpoint are redone."""
+    checkpoint, skipped = find_resumable(train_dir)
+    for folder, problem in skipped:
+        print(f"[learning-curve] skipping {folder}: {problem}", flush=True)
+    recorded = {point["step"] for point in run["points"]}
+    step = int(checkpoint.name.rsplit("-", 1)[1]) if checkpoint else 0
+    if checkpoint and step not in recorded:
+        checkpoint, step = None, 0  # no evaluation of it: begin again rather than leave a hole in the curve
+    dropped = [point["step"] for point in run["points"] if point["step"] > step]
+    if dropped:
+        print(f"[learning-curve] {run['method']} seed {run['seed']}: redoing steps {step}..{max(dropped)} "
+              f"(evaluations at {dropped} have no checkpoint)", flush=True)
+    run["points"] = [point for point in run["points"] if point["step"] <= step] if checkpoint else \
+        [point for point in run["points"] if point["step"] == 0]
+    return checkpoint, step
 
 
-def _plot(report: dict[str, Any], path: Path) -> None:
-    # The object API with an explicit Agg canvas: no pyplot state and no display needed.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    figure = Figure(figsize=(11.0, 4.0), dpi=100)
-    FigureCanvasAgg(figure)
-    for ax, (metric, title) in zip(figure.subplots(1, len(PANELS)), PANELS.items()):
-        for k, (method, curves) in enumerate(report["methods"].items()):
-            color = f"C{k}"
-            for points in curves["seeds"].values():
-                ax.plot([p["step"] for p in points], [p[metric] for p in points], color=color, alpha=0.35,
-                        linewidth=1)
-            mean = curves["mean"]
-            seeds = len(curves["seeds"])
-            ax.plot([p["step"] for p in mean], [p[metric] for p in mean], color=color, linewidth=2.5, marker="o",
-                    label=f"{method} (mean of {seeds} seed{'s' * (seeds > 1)})")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel(title)
-        ax.set_ylim(-0.05, 1.05)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{title}, {report['eval_games']} eval_unseen ALFWorld games")
-        ax.grid(alpha=0.3)
-        if report["methods"]:
-            ax.legend(fontsize="small")
-    figure.suptitle(f"learning curves, {report['setting']} setting")
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-
-
-def train_one(method: str, seed: int, setting: Setting, model: str, out: Path, header: dict[str, Any],
-              eval_rows: list[dict[str, Any]]) -> None:
-    """Train one method with one seed, recording its curve to ``out/runs`` after every evaluation."""
+def train_one(method: str, seed: int, setting: Setting, model: str, out: Path, eval_rows: list[dict[str, Any]],
+              invocation: dict[str, Any]) -> None:
+    """Train one method with one seed, or resume it from its last evaluation, recording its curve to
+    ``out/runs`` after every evaluation."""
     run_file = out / "runs" / f"{method}_seed{seed}.json"
-    run: dict[str, Any] = {"method": method, "seed": seed, "points": []}
+    run = _read_run(run_file, method, seed)
+    if run["done"]:
+        print(f"[learning-curve] {method} seed {seed}: finished before, skipped", flush=True)
+        return
+    train_dir = out / "train" / f"{method}_seed{seed}"
+    checkpoint, start = _resume_point(run, train_dir)
+    segment = {"from_step": start, "to_step": start, "wall_seconds": 0.0, "invocation": invocation}
+    run["segments"].append(segment)
+    began = time.perf_counter()
+    shared_first = out / "step0.json"
+
+    def first_point() -> dict[str, Any] | None:
+        recorded = [point for point in run["points"] if point["step"] == 0]
+        if recorded:
+            return recorded[0]
+        return json.loads(shared_first.read_text()) if shared_first.is_file() else None
 
     def record(point: dict[str, Any]) -> None:
-        run["points"].append(point)
-        print(f"[learning-curve] {method} seed {seed} step {point['step']}: success {point['success']:.2f} "
-              f"valid {point['valid_action_rate']:.2f} ({point['eval_seconds']:.0f} s)", flush=True)
-        _write_json(run_file, run)
-        write_report(out, header, setting.methods)
+        if point["step"] == 0 and not shared_first.is_file():
+            write_json(shared_first, point)
+        if not any(p["step"] == point["step"] for p in run["points"]):
+            run["points"].append(point)
+            print(f"[learning-curve] {method} seed {seed} step {point['step']}: success {point['success']:.3f} "
+                  f"valid {point['valid_action_rate']:.2f} ({point['eval_seconds']:.0f} s)", flush=True)
+        segment["to_step"] = point["step"]
+        segment["wall_seconds"] = round(time.perf_counter() - began, 1)
+        run["done"] = point["step"] == setting.steps
+        write_json(run_file, run)
 
     argv = [
         "--config", str(ROOT / "recipes" / "quickstart" / f"alfworld_{method}_cpu.yaml"),
         "--max_steps", str(setting.steps),
         "--seed", str(seed),
-        "--output_dir", str(out / "train" / f"{method}_seed{seed}"),
-        "--games_dir", str(out / "games" / "train"),  # the recipe's split and seed, generated once here
+        "--output_dir", str(train_dir),
+        "--games_dir", str(out / "games" / "train"),
+        "--games_per_type", str(setting.train_games_per_type),
+        "--games_seed", str(setting.train_games_seed),
+        # a checkpoint at every evaluation (the callback asks for it), the last one kept
+        "--save_strategy", "steps", "--save_steps", str(10**9), "--save_total_limit", "1",
+        *(["--resume_from_checkpoint", str(checkpoint)] if checkpoint else ["--overwrite_output_dir", "true"]),
         *setting.overrides,
     ]
-    recorder = CurveRecorder(eval_rows, setting.eval_turns, setting.eval_every, record)
+    if checkpoint:
+        print(f"[learning-curve] {method} seed {seed}: resuming from {checkpoint}", flush=True)
+    recorder = CurveRecorder(eval_rows, setting.eval_turns, setting.eval_every, record, start, first_point)
     trainer = build_trainer(argv, callbacks=[recorder], model_override=model)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         trainer.close()
+    segment["wall_seconds"] = round(time.perf_counter() - began, 1)
+    write_json(run_file, run)
 
 
 def eval_game_rows(setting: Setting, out: Path) -> list[dict[str, Any]]:
-    """The fixed ``eval_unseen`` games (generated once, seed 0) as dataset rows."""
+    """The fixed ``eval_unseen`` games (generated once, seed ``EVAL_GAMES_SEED``) as dataset rows."""
     games_dir = out / "games" / "eval_unseen"
     families = list(setting.eval_families or TASK_TYPES)
     files = find_game_files(games_dir) if games_dir.exists() else []
     if not files:
-        files = generate_games(games_dir, setting.eval_games_per_family, 0, "eval_unseen", task_types=families)
+        files = generate_games(games_dir, setting.eval_games_per_family, EVAL_GAMES_SEED, "eval_unseen",
+                               task_types=families)
     return task_spec_rows(sorted(files))
 
 
+# ---- statistics ---------------------------------------------------------------------------------------------------
+
+
+def bootstrap_mean(outcomes: np.ndarray, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """Mean of a (seeds, games) array with its 95 % percentile interval from a bootstrap that resamples the seeds
+    and, independently, the games (the same game draw for every seed of a replicate)."""
+    outcomes = np.asarray(outcomes, dtype=float)
+    rng = np.random.default_rng(seed)
+    n_seeds, n_games = outcomes.shape
+    seed_draws = rng.integers(0, n_seeds, size=(resamples, n_seeds))
+    game_draws = rng.integers(0, n_games, size=(resamples, n_games))
+    replicates = np.array([outcomes[np.ix_(s, g)].mean() for s, g in zip(seed_draws, game_draws)])
+    low, high = np.percentile(replicates, [2.5, 97.5])
+    return {"mean": float(outcomes.mean()), "low": float(low), "high": float(high)}
+
+
+def paired_difference(method: np.ndarray, baseline: np.ndarray, resamples: int = RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """``method`` minus ``baseline``, two (seeds, games) arrays of the same training seeds (row for row) and
+    evaluation games: the mean difference and its bootstrap interval, seeds and games resampled together for both."""
+    return bootstrap_mean(np.asarray(method, dtype=float) - np.asarray(baseline, dtype=float), resamples, seed)
+
+
+def area_under_curve(steps: list[int], outcomes: np.ndarray) -> np.ndarray:
+    """Per (seed, game): the trapezoid mean of the outcome over the evaluated steps, ``outcomes`` shaped (steps,
+    seeds, games); 1 for a game won at every evaluation, whatever the step spacing."""
+    outcomes = np.asarray(outcomes, dtype=float)
+    widths = np.diff(np.asarray(steps, dtype=float))
+    heights = (outcomes[1:] + outcomes[:-1]) / 2
+    return np.tensordot(widths, heights, axes=1) / widths.sum()
+
+
+def detectable_difference(seed_means: list[list[float]], seeds: int) -> float | None:
+    """The paired difference (method minus GRPO) a run with ``seeds`` seeds per method detects with 80 % power at
+    the 5 % level, from ``seed_means``: per method, the success of each seed (over the same games). The spread
+    between seeds is pooled over the methods with at least two; a difference of two methods has twice its variance.
+    ``None`` without two seeds of any method."""
+    groups = [np.asarray(means, dtype=float) for means in seed_means if len(means) >= 2]
+    if not groups:
+        return None
+    pooled = sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)
+    return float(DETECTABLE_SES * np.sqrt(2 * pooled / seeds))
+
+
+def _verdict(interval: dict[str, float]) -> str:
+    if interval["low"] > 0:
+        return "better than GRPO"
+    if interval["high"] < 0:
+        return "worse than GRPO"
+    return "no detectable difference"
+
+
+def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """Per method: success at every evaluation all its runs reached, with its interval; against GRPO: the paired
+    difference at the last evaluation both reached and in the area under the curve over the evaluations both
+    reached, on their shared seeds; and the detectable difference for ``full_seeds`` seeds."""
+    by_method: dict[str, dict[int, dict[int, list[int]]]] = {}
+    for run in runs:
+        by_method.setdefault(run["method"], {})[run["seed"]] = {p["step"]: p["outcomes"] for p in run["points"]}
+    methods: dict[str, Any] = {}
+    for method, seeds in by_method.items():
+        steps = sorted(set.intersection(*(set(points) for points in seeds.values())))
+        table = [{"step": step, "seeds": len(seeds),
+                  **bootstrap_mean(np.array([seeds[s][step] for s in sorted(seeds)]), resamples)} for step in steps]
+        methods[method] = {"steps": steps, "success": table}
+    baseline = by_method.get("grpo")
+    for method, seeds in by_method.items():
+        if method == "grpo" or not baseline:
+            continue
+        shared = sorted(set(seeds) & set(baseline))
+        steps = sorted(set.intersection(*(set(seeds[s]) & set(baseline[s]) for s in shared))) if shared else []
+        if len(steps) < 2:
+            continue
+        ours = np.array([[seeds[s][step] for s in shared] for step in steps])
+        theirs = np.array([[baseline[s][step] for s in shared] for step in steps])
+        last = paired_difference(ours[-1], theirs[-1], resamples)
+        auc = paired_difference(area_under_curve(steps, ours), area_under_curve(steps, theirs), resamples)
+        methods[method]["against_grpo"] = {
+            "seeds": shared, "last_step": steps[-1],
+            "last": {**last, "verdict": _verdict(last)},
+            "auc": {**auc, "verdict": _verdict(auc)},
+        }
+    last_means = [[float(np.mean(points[max(points)])) for points in seeds.values()] for seeds in by_method.values()]
+    return {
+        "methods": methods,
+        "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_means, full_seeds)},
+        "bootstrap": {"resamples": resamples, "seed": BOOTSTRAP_SEED, "unit": "training seeds and evaluation games"},
+    }
+
+
+# ---- reports and parts --------------------------------------------------------------------------------------------
+
+
+def read_runs(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*_seed*.json"))]
+
+
+def write_report(out: Path, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """``learning_curve.json`` (the part's identity and invocations, every run, the statistics) and
+    ``learning_curve.png`` from the runs under ``out``."""
+    part = json.loads((out / "part.json").read_text())
+    runs = [run for run in read_runs(out) if run["points"]]
+    setting = SETTINGS.get(part["identity"]["setting"])
+    statistics = curve_statistics(runs, len(setting.seeds) if setting else 3, resamples)
+    report = {**part, "runs": runs, **statistics}
+    write_json(out / "learning_curve.json", report)
+    plot(report, out / "learning_curve.png")
+    return report
+
+
+def merge_parts(parts: list[Path], out: Path) -> dict[str, Any]:
+    """Put the runs of ``parts`` into ``out`` (a new part) after checking that every part has the first one's
+    identity; a run (method, seed) in two parts must be the same run. Raises ``PartMismatch`` otherwise."""
+    loaded = [(path, json.loads((path / "part.json").read_text())) for path in parts]
+    first_path, first = loaded[0]
+    for path, part in loaded[1:]:
+        differences = identity_differences(first["identity"], part["identity"])
+        if differences:
+            raise PartMismatch(f"{path} differs from {first_path} in: {'; '.join(differences)} ({first_path}'s vs "
+                               f"{path}'s); runs that differ in code, warm start or settings are not pooled.")
+    runs: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}
+    for path, _ in loaded:
+        for run in read_runs(path):
+            key = (run["method"], run["seed"])
+            if key in runs and runs[key][1]["points"] != run["points"]:
+                raise PartMismatch(f"{key[0]} seed {key[1]} is in {runs[key][0]} and in {path} with other "
+                                   "evaluations: keep one of them out of the merge.")
+            runs[key] = (path, run)
+    merged = {"identity": first["identity"],
+              "invocations": [invocation for _, part in loaded for invocation in part["invocations"]],
+              "merged_from": [str(path) for path, _ in loaded]}
+    write_json(out / "part.json", merged)
+    for (method, seed), (path, run) in runs.items():
+        write_json(out / "runs" / f"{method}_seed{seed}.json", {**run, "part": str(path)})
+    return merged
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """One panel per method (each seed thin, the mean thick, its 95 % interval shaded) and one of the paired
+    differences from GRPO with their intervals."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    methods = [m for m in METHODS if m in report["methods"]] + sorted(set(report["methods"]) - set(METHODS))
+    panels = len(methods) + 1
+    columns = min(panels, 3)
+    rows = -(-panels // columns)
+    figure = Figure(figsize=(4.2 * columns, 3.6 * rows), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    games = report["identity"]["eval_games"]
+    for k, method in enumerate(methods):
+        ax, color = axes[k], f"C{k}"
+        for run in (r for r in report["runs"] if r["method"] == method):
+            ax.plot([p["step"] for p in run["points"]], [p["success"] for p in run["points"]], color=color,
+                    alpha=0.4, linewidth=1)
+        table = report["methods"][method]["success"]
+        steps = [row["step"] for row in table]
+        ax.fill_between(steps, [row["low"] for row in table], [row["high"] for row in table], color=color, alpha=0.2)
+        seeds = table[0]["seeds"] if table else 0
+        ax.plot(steps, [row["mean"] for row in table], color=color, linewidth=2.5, marker="o",
+                label=f"mean of {seeds} seed{'s' * (seeds != 1)}, 95 % interval")
+        ax.set_title(method)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel(f"success, {games} eval_unseen games")
+        ax.legend(fontsize="small", loc="upper left")
+    ax = axes[len(methods)]
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    for k, method in enumerate(methods):
+        against = report["methods"][method].get("against_grpo")
+        if not against:
+            continue
+        x = [k - 0.12, k + 0.12]
+        for offset, (what, marker) in zip(x, (("last", "o"), ("auc", "s"))):
+            cell = against[what]
+            ax.errorbar([offset], [cell["mean"]], yerr=[[cell["mean"] - cell["low"]], [cell["high"] - cell["mean"]]],
+                        color=f"C{k}", marker=marker, capsize=4, linestyle="none")
+    ax.set_xticks(range(len(methods)), methods)
+    ax.set_title("minus GRPO: last evaluation (o), area under curve (s)")
+    ax.set_ylabel("difference in success")
+    for ax in axes[: len(methods)]:
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    ax = axes[len(methods)]
+    ax.grid(alpha=0.3)
+    for extra in axes[panels:]:
+        extra.set_visible(False)
+    figure.suptitle(f"learning curves, {report['identity']['setting']} setting, from {report['identity']['warm_start']['name']}")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    for method, entry in report["methods"].items():
+        print(f"[learning-curve] {method}: " + ", ".join(
+            f"step {row['step']} {row['mean']:.3f} [{row['low']:.3f}, {row['high']:.3f}]" for row in entry["success"]),
+            flush=True)
+        if "against_grpo" in entry:
+            against = entry["against_grpo"]
+            print(f"[learning-curve] {method} - grpo, seeds {against['seeds']}: step {against['last_step']} "
+                  f"{against['last']['mean']:+.3f} [{against['last']['low']:+.3f}, {against['last']['high']:+.3f}] "
+                  f"({against['last']['verdict']}); area {against['auc']['mean']:+.3f} [{against['auc']['low']:+.3f}, "
+                  f"{against['auc']['high']:+.3f}] ({against['auc']['verdict']})", flush=True)
+    detectable = report["detectable_difference"]
+    if detectable["last"] is not None:
+        print(f"[learning-curve] with {detectable['seeds']} seeds a method, a difference from GRPO of "
+              f"{detectable['last']:.3f} at the last evaluation is detected 4 times in 5", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark; returns the report written to ``<out>/learning_curve.json``."""
+    """Run, resume, merge or report; returns the report written to ``<out>/learning_curve.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", choices=list(SETTINGS), default="cpu")
     parser.add_argument("--model", default=WARM_START, help="policy to start from (default: the warm start)")
-    parser.add_argument("--out", help="output folder (default: outputs/learning_curve/<setting>)")
-    parser.add_argument("--steps", type=int, help="override the setting's optimizer steps per run")
-    parser.add_argument("--eval-every", type=int, help="override the setting's evaluation interval")
+    parser.add_argument("--out", help="output folder, one part (default: outputs/learning_curve/<setting>)")
+    parser.add_argument("--methods", nargs="+", help="train only these of the setting's methods (a part)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="train only these of the setting's seeds (a part)")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART", help="merge these parts into --out")
+    parser.add_argument("--report", type=Path, metavar="PART", help="recompute the statistics and figure of a part")
+    parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap replicates for the intervals")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # "<method>:<seed>": one run, in a child process
     args = parser.parse_args(argv)
 
-    setting = replace(
-        SETTINGS[args.setting],
-        **({"steps": args.steps} if args.steps else {}),
-        **({"eval_every": args.eval_every} if args.eval_every else {}),
-    )
+    if args.report:
+        report = write_report(args.report, args.resamples)
+        _print_summary(report)
+        return report
     out = Path(args.out or f"outputs/learning_curve/{args.setting}").resolve()
+    if args.merge:
+        if out.exists() and any(out.iterdir()):
+            parser.error(f"--out {out} is not empty; merge into a new folder")
+        try:
+            merge_parts([path.resolve() for path in args.merge], out)
+        except PartMismatch as error:
+            raise SystemExit(f"learning_curve: {error}") from None
+        report = write_report(out, args.resamples)
+        _print_summary(report)
+        return report
+
+    setting = SETTINGS[args.setting]
+    unknown = sorted(set(args.methods or ()) - set(setting.methods)) + sorted(set(args.seeds or ()) - set(setting.seeds))
+    if unknown:
+        parser.error(f"not in the {args.setting} setting: {unknown} (methods {setting.methods}, seeds {setting.seeds})")
+    chosen = replace(setting, methods=tuple(args.methods or setting.methods), seeds=tuple(args.seeds or setting.seeds))
     model = resolve_policy_path(args.model)
     eval_rows = eval_game_rows(setting, out)
-    header = {
-        "setting": args.setting,
-        "model": args.model,
-        "eval_games": len(eval_rows),
-        "eval_seed": EVAL_SEED,
-        "config": asdict(setting),
-        "provenance": provenance(argv, __file__),
-    }
+    wanted = identity(args.setting, setting, args.model, model, eval_rows)
+    invocation = {**provenance(argv, __file__, commit=source_commit(__file__)), "methods": list(chosen.methods),
+                  "seeds": list(chosen.seeds)}
+    try:
+        part = open_part(out, wanted, None if args.only else invocation)
+    except PartMismatch as error:
+        raise SystemExit(f"learning_curve: {error}") from None
     if args.only:
         method, seed = args.only.split(":")
-        train_one(method, int(seed), setting, model, out, header, eval_rows)
-        return write_report(out, header, setting.methods)
+        train_one(method, int(seed), setting, model, out, eval_rows, part["invocations"][-1])
+        return write_report(out, args.resamples)
 
-    for stale in (out / "runs").glob("*.json"):  # a previous invocation's runs must not enter this report
-        stale.unlink()
-    for seed in setting.seeds:
-        for method in setting.methods:
+    for seed in chosen.seeds:
+        for method in chosen.methods:
             if setting.isolate:
                 child = [sys.executable, __file__, "--setting", args.setting, "--model", args.model, "--out", str(out),
-                         "--steps", str(setting.steps), "--eval-every", str(setting.eval_every),
                          "--only", f"{method}:{seed}"]
                 subprocess.run(child, check=True)
             else:
-                train_one(method, seed, setting, model, out, header, eval_rows)
-    report = write_report(out, header, setting.methods)
-    for method, curves in report["methods"].items():
-        print(f"[learning-curve] {method} mean success by step: "
-              + ", ".join(f"{p['step']}: {p['success']:.2f}" for p in curves["mean"]), flush=True)
+                train_one(method, seed, setting, model, out, eval_rows, invocation)
+            write_report(out, args.resamples)
+    report = write_report(out, args.resamples)
+    _print_summary(report)
     print(f"[learning-curve] wrote {out / 'learning_curve.json'} and {out / 'learning_curve.png'}", flush=True)
     return report
 

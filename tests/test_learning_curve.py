@@ -1,5 +1,6 @@
-"""The learning-curve benchmark end to end at its smoke size: a tiny policy, one step of GRPO and of TASPO on
-one ALFWorld game, evaluated at steps 0 and 1; its JSON report and figure."""
+"""The learning-curve benchmark: its statistics against hand-computed numbers and properties, the part checks, and
+the smoke setting end to end (a tiny policy, GRPO and TASPO on one fresh ALFWorld game, evaluated at steps 0, 1
+and 2), stopped after its first evaluation and resumed from that checkpoint."""
 
 from __future__ import annotations
 
@@ -7,29 +8,184 @@ import json
 import runpy
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow  # about 25 s: the benchmark script end to end
-def test_smoke_setting_writes_curves_and_figure(tmp_path, tiny_model_dir, one_torch_thread):
-    main = runpy.run_path(str(ROOT / "benchmarks" / "learning_curve.py"), run_name="learning_curve")["main"]
-    report = main(["--setting", "smoke", "--model", tiny_model_dir, "--out", str(tmp_path)])
+@pytest.fixture(scope="module")
+def curve() -> dict:
+    return runpy.run_path(str(ROOT / "benchmarks" / "learning_curve.py"), run_name="learning_curve")
 
+
+def test_area_under_curve_is_the_trapezoid_mean_over_the_evaluated_steps(curve):
+    # one seed, two games, steps 0, 10, 40: game 1 lost, won, won; game 2 won, lost, lost
+    outcomes = np.array([[[0, 1]], [[1, 0]], [[1, 0]]])
+    # game 1: (10 * 0.5 + 30 * 1) / 40 = 0.875; game 2: (10 * 0.5 + 30 * 0) / 40 = 0.125
+    assert curve["area_under_curve"]([0, 10, 40], outcomes).tolist() == [[0.875, 0.125]]
+
+
+def test_bootstrap_of_one_seed_and_two_games_spans_both_ends(curve):
+    # resampled means of games (1, 0) are 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4: the 2.5 % and 97.5 %
+    # percentiles are 0 and 1
+    interval = curve["bootstrap_mean"](np.array([[1, 0]]), resamples=2000)
+    assert interval == {"mean": 0.5, "low": 0.0, "high": 1.0}
+
+
+def test_detectable_difference_pools_the_spread_between_seeds(curve):
+    # seed means (0.4, 0.6) and (0.5, 0.7): pooled variance (0.02 + 0.02) / 2 = 0.02; a difference of two methods
+    # with 3 seeds each has variance 2 * 0.02 / 3, and 2.8 standard errors of it are 0.3233
+    assert curve["detectable_difference"]([[0.4, 0.6], [0.5, 0.7], [0.9]], seeds=3) == pytest.approx(0.32332, abs=1e-5)
+    assert curve["detectable_difference"]([[0.4], [0.5]], seeds=3) is None
+
+
+outcome_arrays = st.integers(1, 3).flatmap(lambda seeds: st.integers(1, 6).flatmap(
+    lambda games: st.lists(st.lists(st.integers(0, 1), min_size=games, max_size=games), min_size=seeds,
+                           max_size=seeds)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(outcome_arrays, outcome_arrays)
+def test_paired_difference_is_antisymmetric_and_its_interval_holds_its_mean(curve, a, b):
+    a = np.array(a)
+    b = np.resize(np.array(b), a.shape)
+    forward = curve["paired_difference"](a, b, resamples=200)
+    backward = curve["paired_difference"](b, a, resamples=200)
+    assert forward["mean"] == pytest.approx(-backward["mean"])
+    assert (forward["low"], forward["high"]) == pytest.approx((-backward["high"], -backward["low"]))
+    assert -1.0 <= forward["low"] <= forward["high"] <= 1.0
+    assert curve["paired_difference"](a, a, resamples=200) == {"mean": 0.0, "low": 0.0, "high": 0.0}
+
+
+def _run(method: str, seed: int, steps: dict[int, list[int]]) -> dict:
+    return {"method": method, "seed": seed, "done": True, "segments": [],
+            "points": [{"step": step, "outcomes": outcomes, "success": float(np.mean(outcomes))}
+                       for step, outcomes in steps.items()]}
+
+
+def test_statistics_pair_each_method_with_grpo_on_shared_seeds_and_steps(curve):
+    runs = [
+        _run("grpo", 0, {0: [1, 0, 0, 0], 10: [1, 0, 0, 0], 20: [1, 1, 0, 0]}),
+        _run("grpo", 1, {0: [1, 0, 0, 0], 10: [0, 0, 0, 0], 20: [1, 0, 0, 0]}),
+        _run("taspo", 0, {0: [1, 0, 0, 0], 10: [1, 1, 0, 0], 20: [1, 1, 1, 1]}),
+        _run("taspo", 1, {0: [1, 0, 0, 0], 10: [1, 1, 1, 0]}),  # stopped after step 10
+    ]
+    stats = curve["curve_statistics"](runs, full_seeds=3, resamples=500)
+    assert stats["methods"]["taspo"]["steps"] == [0, 10]  # the steps every TASPO run reached
+    assert [row["mean"] for row in stats["methods"]["grpo"]["success"]] == [0.25, 0.125, 0.375]
+    against = stats["methods"]["taspo"]["against_grpo"]
+    assert against["seeds"] == [0, 1] and against["last_step"] == 10
+    # step 10: TASPO 2/4 and 3/4, GRPO 1/4 and 0/4: difference (5 - 1) / 8 = 0.5
+    assert against["last"]["mean"] == pytest.approx(0.5)
+    # area over steps 0..10, per seed and game the mean of two ends: TASPO (1+1)/2.. sums: seed 0 (1 + 0.5) / 4,
+    # seed 1 (1 + 0.5 + 0.5) / 4; GRPO seed 0 1 / 4, seed 1 0.5 / 4: difference (0.375 + 0.5 - 0.25 - 0.125) / 2
+    assert against["auc"]["mean"] == pytest.approx(0.25)
+    assert against["last"]["verdict"] in ("better than GRPO", "no detectable difference")
+    # last-evaluation seed means: GRPO 0.5 and 0.25 (variance 0.03125), TASPO 1.0 and 0.75 (0.03125)
+    assert stats["detectable_difference"]["last"] == pytest.approx(2.8 * np.sqrt(2 * 0.03125 / 3))
+
+
+def _identity(curve, **changes) -> dict:
+    base = {"setting": "smoke", "config": {"steps": 2, "eval_every": 1}, "warm_start": {"name": "m"},
+            "code_sha256": "abc", "versions": {"torch": "2"}, "bf16": False, "eval_games_sha256": "g",
+            "eval_games": 2, "eval_seed": 0}
+    for key, value in changes.items():
+        base[key] = value
+    return base
+
+
+def test_a_part_refuses_an_invocation_with_other_settings_or_code_and_names_them(curve, tmp_path):
+    curve["open_part"](tmp_path, _identity(curve), {"command": "first"})
+    curve["open_part"](tmp_path, _identity(curve), {"command": "again"})
+    assert [i["command"] for i in json.loads((tmp_path / "part.json").read_text())["invocations"]] == ["first", "again"]
+    with pytest.raises(curve["PartMismatch"], match=r'code_sha256: "abc" vs "def"; config\.steps: 2 vs 3'):
+        curve["open_part"](tmp_path, _identity(curve, config={"steps": 3, "eval_every": 1}, code_sha256="def"), None)
+
+
+def test_merge_pools_parts_of_one_identity_and_refuses_others(curve, tmp_path):
+    def part(name: str, runs: list[dict], **changes) -> Path:
+        folder = tmp_path / name
+        curve["open_part"](folder, _identity(curve, **changes), {"command": name})
+        for run in runs:
+            curve["write_json"](folder / "runs" / f"{run['method']}_seed{run['seed']}.json", run)
+        return folder
+
+    a = part("a", [_run("grpo", 0, {0: [1, 0], 1: [1, 1]})])
+    b = part("b", [_run("taspo", 0, {0: [1, 0], 1: [0, 0]}), _run("grpo", 0, {0: [1, 0], 1: [1, 1]})])
+    merged = curve["merge_parts"]([a, b], tmp_path / "merged")
+    assert [i["command"] for i in merged["invocations"]] == ["a", "b"]
+    assert sorted(p.name for p in (tmp_path / "merged" / "runs").iterdir()) == ["grpo_seed0.json", "taspo_seed0.json"]
+    other = part("other", [], warm_start={"name": "another"})
+    with pytest.raises(curve["PartMismatch"], match=r'warm_start\.name: "m" vs "another"'):
+        curve["merge_parts"]([a, other], tmp_path / "merged2")
+    clash = part("clash", [_run("grpo", 0, {0: [1, 0], 1: [0, 0]})])
+    with pytest.raises(curve["PartMismatch"], match="grpo seed 0 is in"):
+        curve["merge_parts"]([a, clash], tmp_path / "merged3")
+
+
+class _StopAfterFirstSave(Exception):
+    pass
+
+
+@pytest.mark.slow  # about a minute: the benchmark script end to end, twice
+def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve, tmp_path, tiny_model_dir,
+                                                                         one_torch_thread):
+    from transformers import TrainerCallback
+
+    main, build_trainer = curve["main"], curve["build_trainer"]
+
+    class StopAfterFirstSave(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise _StopAfterFirstSave
+
+    def build_and_stop(argv, callbacks, model_override):
+        return build_trainer(argv, callbacks=[*callbacks, StopAfterFirstSave()], model_override=model_override)
+
+    argv = ["--setting", "smoke", "--model", tiny_model_dir, "--out", str(tmp_path), "--methods", "grpo"]
+    main.__globals__["build_trainer"] = build_and_stop
+    try:
+        with pytest.raises(_StopAfterFirstSave):
+            main(argv)
+    finally:
+        main.__globals__["build_trainer"] = build_trainer
+    stopped = json.loads((tmp_path / "runs" / "grpo_seed0.json").read_text())
+    assert [p["step"] for p in stopped["points"]] == [0, 1] and not stopped["done"]
+    assert (tmp_path / "train" / "grpo_seed0" / "checkpoint-1" / "_save_complete.json").is_file()
+
+    steps_taken = []
+
+    class CountSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps_taken.append((Path(args.output_dir).name, state.global_step))
+
+    main.__globals__["build_trainer"] = lambda argv, callbacks, model_override: build_trainer(
+        argv, callbacks=[*callbacks, CountSteps()], model_override=model_override)
+    try:
+        report = main([*argv[:-2]])  # both methods: GRPO resumes at step 1, TASPO starts
+    finally:
+        main.__globals__["build_trainer"] = build_trainer
+    assert steps_taken == [("grpo_seed0", 2), ("taspo_seed0", 1), ("taspo_seed0", 2)]  # GRPO's step 1 not redone
     assert json.loads((tmp_path / "learning_curve.json").read_text()) == report
     assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert report["setting"] == "smoke" and report["eval_games"] == 1
+    runs = {run["method"]: run for run in report["runs"]}
+    grpo = runs["grpo"]
+    assert [p["step"] for p in grpo["points"]] == [0, 1, 2] and grpo["done"]
+    assert grpo["points"][:2] == stopped["points"]  # the evaluations before the stop are kept, not redone
+    assert [(s["from_step"], s["to_step"]) for s in grpo["segments"]] == [(0, 1), (1, 2)]
+    state = json.loads((tmp_path / "train" / "grpo_seed0" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert not (tmp_path / "train" / "grpo_seed0" / "checkpoint-1").exists()  # the last checkpoint kept
+    assert report["identity"]["eval_games"] == 2 and len(report["invocations"]) == 2
+    for run in runs.values():
+        for point in run["points"]:
+            assert len(point["outcomes"]) == 2 and point["success"] == sum(point["outcomes"]) / 2
+    assert runs["taspo"]["points"][0] == grpo["points"][0]  # one policy at step 0: measured once
     assert set(report["methods"]) == {"grpo", "taspo"}
-    for curves in report["methods"].values():
-        points = curves["seeds"]["0"]
-        assert [p["step"] for p in points] == [0, 1]
-        for point in points:
-            assert 0.0 <= point["success"] <= 1.0 and 0.0 <= point["valid_action_rate"] <= 1.0
-            assert set(point["success_per_family"]) == {"pick_and_place_simple"}
-        assert curves["mean"] == [
-            {"step": p["step"], "success": p["success"], "valid_action_rate": p["valid_action_rate"]} for p in points
-        ]
-    # Same starting policy, same games, same evaluation seed: step 0 is one measurement, whatever the method.
-    grpo, taspo = (report["methods"][m]["seeds"]["0"][0] for m in ("grpo", "taspo"))
-    assert {k: v for k, v in grpo.items() if k != "eval_seconds"} == {k: v for k, v in taspo.items() if k != "eval_seconds"}
+    assert report["methods"]["taspo"]["against_grpo"]["last_step"] == 2
+
+    again = main([*argv[:-2]])  # finished: nothing is trained again
+    assert again["runs"] == report["runs"]
