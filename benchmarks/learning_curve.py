@@ -506,10 +506,19 @@ def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int
             "last": {**last, "verdict": _verdict(last)},
             "auc": {**auc, "verdict": _verdict(auc)},
         }
-    last_means = [[float(np.mean(points[max(points)])) for points in seeds.values()] for seeds in by_method.values()]
+    # each method's seeds at the evaluations they all reached: success at the last, and the area under the curve
+    last_means, auc_means = [], []
+    for method, seeds in by_method.items():
+        steps = methods[method]["steps"]
+        if steps:
+            last_means.append([float(np.mean(points[steps[-1]])) for points in seeds.values()])
+        if len(steps) > 1:
+            curves = np.array([[points[step] for points in seeds.values()] for step in steps])
+            auc_means.append(area_under_curve(steps, curves).mean(axis=1).tolist())
     return {
         "methods": methods,
-        "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_means, full_seeds)},
+        "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_means, full_seeds),
+                                  "auc": detectable_difference(auc_means, full_seeds)},
         "bootstrap": {"resamples": resamples, "seed": BOOTSTRAP_SEED, "unit": "training seeds and evaluation games"},
     }
 
@@ -526,9 +535,14 @@ def write_report(out: Path, resamples: int = RESAMPLES) -> dict[str, Any]:
     ``learning_curve.png`` from the runs under ``out``."""
     part = json.loads((out / "part.json").read_text())
     runs = [run for run in read_runs(out) if run["points"]]
-    setting = SETTINGS.get(part["identity"]["setting"])
-    statistics = curve_statistics(runs, len(setting.seeds) if setting else 3, resamples)
-    report = {**part, "runs": runs, **statistics}
+    setting = SETTINGS[part["identity"]["setting"]]
+    statistics = curve_statistics(runs, len(setting.seeds), resamples)
+    invocations = part["invocations"]
+    # the results page's provenance block: the last invocation, and every invocation whose runs the report holds
+    provenance_block = {**invocations[-1], **({"merged_from": [{**i, "pooling": "the runs"} for i in invocations]}
+                                              if len(invocations) > 1 else {})}
+    report = {**part, "planned": {"methods": list(setting.methods), "seeds": list(setting.seeds)},
+              "provenance": provenance_block, "runs": runs, **statistics}
     write_json(out / "learning_curve.json", report)
     plot(report, out / "learning_curve.png")
     return report
@@ -593,18 +607,20 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.legend(fontsize="small", loc="upper left")
     ax = axes[len(methods)]
     ax.axhline(0.0, color="black", linewidth=0.8)
-    for k, method in enumerate(methods):
-        against = report["methods"][method].get("against_grpo")
-        if not against:
-            continue
-        x = [k - 0.12, k + 0.12]
-        for offset, (what, marker) in zip(x, (("last", "o"), ("auc", "s"))):
+    compared = [m for m in methods if "against_grpo" in report["methods"][m]]
+    for x, method in enumerate(compared):
+        against, color = report["methods"][method]["against_grpo"], f"C{methods.index(method)}"
+        for offset, (what, marker, label) in zip((-0.15, 0.15), (("last", "o", "last evaluation"),
+                                                                 ("auc", "s", "area under the curve"))):
             cell = against[what]
-            ax.errorbar([offset], [cell["mean"]], yerr=[[cell["mean"] - cell["low"]], [cell["high"] - cell["mean"]]],
-                        color=f"C{k}", marker=marker, capsize=4, linestyle="none")
-    ax.set_xticks(range(len(methods)), methods)
-    ax.set_title("minus GRPO: last evaluation (o), area under curve (s)")
+            ax.errorbar([x + offset], [cell["mean"]], yerr=[[cell["mean"] - cell["low"]], [cell["high"] - cell["mean"]]],
+                        color=color, marker=marker, capsize=4, linestyle="none", label=label if x == 0 else None)
+    ax.set_xticks(range(len(compared)), compared)
+    ax.set_xlim(-0.6, max(len(compared), 1) - 0.4)
+    ax.set_title("paired difference from GRPO, 95 % interval")
     ax.set_ylabel("difference in success")
+    if compared:
+        ax.legend(fontsize="small")
     for ax in axes[: len(methods)]:
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -632,7 +648,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     detectable = report["detectable_difference"]
     if detectable["last"] is not None:
         print(f"[learning-curve] with {detectable['seeds']} seeds a method, a difference from GRPO of "
-              f"{detectable['last']:.3f} at the last evaluation is detected 4 times in 5", flush=True)
+              f"{detectable['last']:.3f} at the last evaluation (of {detectable['auc'] or float('nan'):.3f} in the area "
+              "under the curve) is detected 4 times in 5", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -684,18 +701,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         train_one(method, int(seed), setting, model, out, eval_rows, part["invocations"][-1])
         return write_report(out, args.resamples)
 
+    failed = []
     for seed in chosen.seeds:
         for method in chosen.methods:
             if setting.isolate:
                 child = [sys.executable, __file__, "--setting", args.setting, "--model", args.model, "--out", str(out),
                          "--only", f"{method}:{seed}"]
-                subprocess.run(child, check=True)
+                code = subprocess.run(child).returncode
+                if code:  # the other runs go on; this one resumes from its last evaluation when rerun
+                    failed.append(f"{method} seed {seed} (exit code {code})")
+                    print(f"[learning-curve] {failed[-1]} failed; rerun the same command to resume it", flush=True)
             else:
                 train_one(method, seed, setting, model, out, eval_rows, invocation)
             write_report(out, args.resamples)
     report = write_report(out, args.resamples)
     _print_summary(report)
     print(f"[learning-curve] wrote {out / 'learning_curve.json'} and {out / 'learning_curve.png'}", flush=True)
+    if failed:
+        raise SystemExit(f"learning_curve: {len(failed)} run(s) failed: {', '.join(failed)}; rerun to resume them")
     return report
 
 

@@ -75,7 +75,7 @@ def _merged_parts(meta: dict[str, Any], indent: str) -> list[str]:
     lines = []
     for part in meta.get("merged_from", []):
         played = "" if part.get("merged_from") else f", on {_cpu(part)}"
-        lines.append(f"{indent}- pooling the batches of `{part['command']}`, {part['date']}, commit "
+        lines.append(f"{indent}- pooling {part.get('pooling', 'the batches')} of `{part['command']}`, {part['date']}, commit "
                      f"`{(part['commit'] or 'unknown')[:12]}`{played}")
         lines += _merged_parts(part, indent + "  ")
     return lines
@@ -215,18 +215,81 @@ def credit_replication(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _interval(cell: dict[str, float], signed: bool = False) -> str:
+    form = "{:+.3f}" if signed else "{:.3f}"
+    return f"{form.format(cell['mean'])} [{form.format(cell['low'])}, {form.format(cell['high'])}]"
+
+
+def _curve_runs(result: dict[str, Any]) -> tuple[int, int]:
+    """Finished runs, and the runs the setting has (methods times seeds)."""
+    planned = len(result["planned"]["methods"]) * len(result["planned"]["seeds"])
+    return sum(run["done"] for run in result["runs"]), planned
+
+
+def _duration(seconds: float) -> str:
+    """Minutes and seconds, with hours in front from an hour on."""
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return (f"{hours} h {minutes:02d} min " if hours else f"{minutes} min ") + f"{rest:02d} s"
+
+
+def curve_statement(result: dict[str, Any]) -> str:
+    """What the curves show, in one or two plain sentences."""
+    done, planned = _curve_runs(result)
+    against = {m: e["against_grpo"] for m, e in result["methods"].items() if "against_grpo" in e}
+    scope = (f"A pilot, not the full run: {done} of {planned} runs finished." if done < planned
+             else f"All {planned} runs finished.")
+    if not against:
+        grpo = result["methods"].get("grpo", {}).get("success", [])
+        moved = (f" GRPO's success went from {_interval(grpo[0])} at step {grpo[0]['step']} to {_interval(grpo[-1])} "
+                 f"at step {grpo[-1]['step']}." if len(grpo) > 1 else "")
+        return f"{scope}{moved} No method can be compared with GRPO yet."
+    findings = [f"{m} minus GRPO at step {a['last_step']}: {_interval(a['last'], True)}, {a['last']['verdict']}; "
+                f"in the area under the curve {_interval(a['auc'], True)}, {a['auc']['verdict']}"
+                for m, a in against.items()]
+    return f"{scope} " + "; ".join(findings) + "."
+
+
 def learning_curve(result: dict[str, Any]) -> str:
-    """Evaluation success (of ``eval_games``) against the training step, per method and seed."""
-    games = result["eval_games"]
-    lines = ["![success and valid-action rate against step](results/learning_curve_cpu.png)", "",
-             f"Success on {games} `eval_unseen` games (sampled, evaluation seed {result['eval_seed']}), "
-             f"starting from `{result['model']}`; {result['config']['steps']} steps per run.", ""]
-    runs = [(f"{method}, seed {seed}", points) for method, entry in result["methods"].items()
-            for seed, points in entry["seeds"].items()]
-    steps = [point["step"] for point in runs[0][1]]
-    lines += ["| run | " + " | ".join(f"step {step}" for step in steps) + " |", "|---|" + "---|" * len(steps)]
-    for name, points in runs:
-        lines.append(f"| {name} | " + " | ".join(f"{round(p['success'] * games)} of {games}" for p in points) + " |")
+    """Success on the fixed evaluation games per method and evaluation with its seed-and-game bootstrap interval,
+    the paired differences from GRPO, the detectable difference and each run's wall time."""
+    identity, config = result["identity"], result["identity"]["config"]
+    games = identity["eval_games"]
+    lines = [curve_statement(result), "",
+             "![success against step per method, and the paired differences from GRPO](results/learning_curve_cpu.png)",
+             "",
+             f"From `{identity['warm_start']['name']}`: the quickstart recipes for {config['steps']} steps on "
+             f"{6 * config['train_games_per_type']} train games it never saw (seed {config['train_games_seed']}), "
+             f"evaluated every {config['eval_every']} steps on {games} `eval_unseen` games sampled at the training "
+             f"temperature with evaluation seed {identity['eval_seed']}, {'bf16 autocast' if identity['bf16'] else 'float32'}. "
+             "Success with its 95 % interval from a bootstrap over training seeds and evaluation games.", ""]
+    steps = sorted({row["step"] for entry in result["methods"].values() for row in entry["success"]})
+    lines += ["| method | seeds | " + " | ".join(f"step {step}" for step in steps) + " |",
+              "|---|---|" + "---|" * len(steps)]
+    for method, entry in result["methods"].items():
+        cells = {row["step"]: _interval(row) for row in entry["success"]}
+        seeds = entry["success"][0]["seeds"] if entry["success"] else 0
+        lines.append(f"| {method} | {seeds} | " + " | ".join(cells.get(step, "") for step in steps) + " |")
+    against = [(m, e["against_grpo"]) for m, e in result["methods"].items() if "against_grpo" in e]
+    if against:
+        lines += ["", "Paired with GRPO (the same training seeds and evaluation games):", "",
+                  "| method | seeds | minus GRPO at the last evaluation | verdict | minus GRPO, area under the curve | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for method, a in against:
+            lines.append(f"| {method} | {', '.join(map(str, a['seeds']))} | step {a['last_step']}: "
+                         f"{_interval(a['last'], True)} | {a['last']['verdict']} | {_interval(a['auc'], True)} | "
+                         f"{a['auc']['verdict']} |")
+    detectable = result["detectable_difference"]
+    if detectable["last"] is not None:
+        lines += ["", f"From the spread of success between seeds here, a run with {detectable['seeds']} seeds per method "
+                      f"detects a difference from GRPO of {detectable['last']:.3f} at the last evaluation"
+                      + (f" ({detectable['auc']:.3f} in the area under the curve)" if detectable.get("auc") else "")
+                      + " 4 times in 5 (80 % power, 5 % level)."]
+    lines += ["", "Wall time of each run (its segments, if it was stopped and resumed):", ""]
+    for run in result["runs"]:
+        segments = ", ".join(f"steps {s['from_step']}-{s['to_step']} in {_duration(s['wall_seconds'])}"
+                             for s in run["segments"])
+        lines.append(f"- {run['method']}, seed {run['seed']}{'' if run['done'] else ' (unfinished)'}: {segments}")
     return "\n".join(lines)
 
 
@@ -268,8 +331,7 @@ def pi_specificity(*results: dict[str, Any]) -> str:
 
 def _wall_and_precision(run: dict[str, Any]) -> tuple[str, str]:
     """A quickstart run's wall time as minutes and seconds, and its precision line without the prefix."""
-    minutes, seconds = divmod(round(run["seconds"]), 60)
-    return f"{minutes} min {seconds:02d} s", (run["precision"] or "").removeprefix("[taspo-train] precision: ")
+    return _duration(run["seconds"]), (run["precision"] or "").removeprefix("[taspo-train] precision: ")
 
 
 def quickstart(*results: dict[str, Any]) -> str:
@@ -330,10 +392,8 @@ def step_time(*results: dict[str, Any]) -> str:
 def warm_start_build(result: dict[str, Any]) -> str:
     """How long the shipped warm start's build took, on what, in which precision."""
     built = result["built_with"]
-    minutes, seconds = divmod(round(result["build_seconds"]), 60)
-    hours, minutes = divmod(minutes, 60)
     versions = ", ".join(f"{name} {version}" for name, version in built["versions"].items() if version)
-    lines = [f"`{result['name']}`: {hours} h {minutes:02d} min {seconds:02d} s over {result['examples']:,} SFT rows in "
+    lines = [f"`{result['name']}`: {_duration(result['build_seconds'])} over {result['examples']:,} SFT rows in "
              f"{'bf16 autocast' if built['bf16'] else 'float32'}, {built['torch_threads']} threads, max RSS "
              f"{result['max_rss_gb']} GB ({versions})."]
     if result.get("note"):
@@ -457,11 +517,7 @@ def _summary_replication(*results: dict[str, Any]) -> str:
 
 
 def _summary_curve(result: dict[str, Any]) -> str:
-    games = result["eval_games"]
-    runs = [f"{method} " + ", ".join(str(round(p["success"] * games)) for p in entry["seeds"][seed])
-            for method, entry in result["methods"].items() for seed in entry["seeds"]]
-    steps = ", ".join(str(p["step"]) for p in next(iter(result["methods"].values()))["seeds"]["0"])
-    return f"wins of {games} at steps {steps}: " + "; ".join(runs)
+    return curve_statement(result)
 
 
 def _summary_pi(*results: dict[str, Any]) -> str:
@@ -501,7 +557,8 @@ SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
      "credit-quality-on-search-qa-every-method", _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_WEBSHOP,),
      "credit-quality-on-webshop-every-method", _summary_verdicts),
-    ("Learning curve, CPU setting: `eval_unseen` wins", ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
+    ("Learning curves, CPU setting: GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games",
+     ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
     ("The first command above from a fresh clone (empty model cache): wall time, peak memory, precision",
      QUICKSTART, "the-first-command-from-a-fresh-clone", _summary_quickstart),

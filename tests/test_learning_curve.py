@@ -86,6 +86,10 @@ def test_statistics_pair_each_method_with_grpo_on_shared_seeds_and_steps(curve):
     assert against["last"]["verdict"] in ("better than GRPO", "no detectable difference")
     # last-evaluation seed means: GRPO 0.5 and 0.25 (variance 0.03125), TASPO 1.0 and 0.75 (0.03125)
     assert stats["detectable_difference"]["last"] == pytest.approx(2.8 * np.sqrt(2 * 0.03125 / 3))
+    # areas: GRPO seed 0 (0.25 + 0.25) / 2 over 0..10 and (0.25 + 0.5) / 2 over 10..20: 0.3125; seed 1 0.125
+    # (TASPO's steps 0..10 only: seed 0 0.375, seed 1 0.5); pooled variance (0.0175781 + 0.0078125) / 2
+    pooled = (2 * 0.09375 ** 2 + 2 * 0.0625 ** 2) / 2
+    assert stats["detectable_difference"]["auc"] == pytest.approx(2.8 * np.sqrt(2 * pooled / 3))
 
 
 def _identity(curve, **changes) -> dict:
@@ -156,6 +160,14 @@ def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve,
     assert [p["step"] for p in stopped["points"]] == [0, 1] and not stopped["done"]
     assert (tmp_path / "train" / "grpo_seed0" / "checkpoint-1" / "_save_complete.json").is_file()
 
+    # As if the run had gone on to evaluate step 2 and was killed while saving its checkpoint: the cut-off
+    # checkpoint is passed over for checkpoint-1, and step 2's evaluation, which has no checkpoint, is redone.
+    cut_off = tmp_path / "train" / "grpo_seed0" / "checkpoint-2"
+    cut_off.mkdir()
+    (cut_off / "_save_started.json").write_text("{}")
+    (cut_off / "model.safetensors").write_bytes(b"\x00" * 16)
+    unsaved = {**stopped["points"][1], "step": 2, "eval_seconds": -1.0}
+    curve["write_json"](tmp_path / "runs" / "grpo_seed0.json", {**stopped, "points": [*stopped["points"], unsaved]})
     steps_taken = []
 
     class CountSteps(TrainerCallback):
@@ -175,6 +187,7 @@ def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve,
     grpo = runs["grpo"]
     assert [p["step"] for p in grpo["points"]] == [0, 1, 2] and grpo["done"]
     assert grpo["points"][:2] == stopped["points"]  # the evaluations before the stop are kept, not redone
+    assert grpo["points"][2]["eval_seconds"] >= 0  # step 2 evaluated again, after training it again
     assert [(s["from_step"], s["to_step"]) for s in grpo["segments"]] == [(0, 1), (1, 2)]
     state = json.loads((tmp_path / "train" / "grpo_seed0" / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
