@@ -548,30 +548,41 @@ def write_report(out: Path, resamples: int = RESAMPLES) -> dict[str, Any]:
     return report
 
 
+def load_part(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A part's ``part.json`` and runs: from its folder, or from a report it or a merge wrote (a
+    ``learning_curve.json``, such as the one under ``benchmarks/results``), which holds both."""
+    if path.is_file():
+        report = json.loads(path.read_text())
+        return {"identity": report["identity"], "invocations": report["invocations"]}, report["runs"]
+    return json.loads((path / "part.json").read_text()), read_runs(path)
+
+
 def merge_parts(parts: list[Path], out: Path) -> dict[str, Any]:
-    """Put the runs of ``parts`` into ``out`` (a new part) after checking that every part has the first one's
-    identity; a run (method, seed) in two parts must be the same run. Raises ``PartMismatch`` otherwise."""
-    loaded = [(path, json.loads((path / "part.json").read_text())) for path in parts]
-    first_path, first = loaded[0]
-    for path, part in loaded[1:]:
+    """Put the runs of ``parts`` (folders or reports) into ``out`` (a new part) after checking that every part has
+    the first one's identity; a run (method, seed) in two parts must be the same run. Raises ``PartMismatch``
+    otherwise."""
+    loaded = [(path, *load_part(path)) for path in parts]
+    first_path, first, _ = loaded[0]
+    for path, part, _ in loaded[1:]:
         differences = identity_differences(first["identity"], part["identity"])
         if differences:
             raise PartMismatch(f"{path} differs from {first_path} in: {'; '.join(differences)} ({first_path}'s vs "
                                f"{path}'s); runs that differ in code, warm start or settings are not pooled.")
     runs: dict[tuple[str, int], tuple[Path, dict[str, Any]]] = {}
-    for path, _ in loaded:
-        for run in read_runs(path):
+    for path, _, part_runs in loaded:
+        for run in part_runs:
             key = (run["method"], run["seed"])
             if key in runs and runs[key][1]["points"] != run["points"]:
                 raise PartMismatch(f"{key[0]} seed {key[1]} is in {runs[key][0]} and in {path} with other "
                                    "evaluations: keep one of them out of the merge.")
             runs[key] = (path, run)
     merged = {"identity": first["identity"],
-              "invocations": [invocation for _, part in loaded for invocation in part["invocations"]],
-              "merged_from": [str(path) for path, _ in loaded]}
+              "invocations": list({json.dumps(i, sort_keys=True): i for _, part, _ in loaded
+                                   for i in part["invocations"]}.values()),
+              "merged_from": [str(path) for path, _, _ in loaded]}
     write_json(out / "part.json", merged)
-    for (method, seed), (path, run) in runs.items():
-        write_json(out / "runs" / f"{method}_seed{seed}.json", {**run, "part": str(path)})
+    for (method, seed), (path, run) in runs.items():  # a run keeps the part it was first merged from
+        write_json(out / "runs" / f"{method}_seed{seed}.json", {"part": str(path), **run})
     return merged
 
 
@@ -660,7 +671,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", help="output folder, one part (default: outputs/learning_curve/<setting>)")
     parser.add_argument("--methods", nargs="+", help="train only these of the setting's methods (a part)")
     parser.add_argument("--seeds", nargs="+", type=int, help="train only these of the setting's seeds (a part)")
-    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART", help="merge these parts into --out")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART",
+                        help="merge these parts (folders, or the learning_curve.json of one) into --out")
     parser.add_argument("--report", type=Path, metavar="PART", help="recompute the statistics and figure of a part")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap replicates for the intervals")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # "<method>:<seed>": one run, in a child process

@@ -247,7 +247,9 @@ def curve_statement(result: dict[str, Any]) -> str:
     findings = [f"{m} minus GRPO at step {a['last_step']}: {_interval(a['last'], True)}, {a['last']['verdict']}; "
                 f"in the area under the curve {_interval(a['auc'], True)}, {a['auc']['verdict']}"
                 for m, a in against.items()]
-    return f"{scope} " + "; ".join(findings) + "."
+    single = " With one seed the intervals cover the evaluation games, not the spread between training runs." if any(
+        len(a["seeds"]) < 2 for a in against.values()) else ""
+    return f"{scope} " + "; ".join(findings) + "." + single
 
 
 def learning_curve(result: dict[str, Any]) -> str:

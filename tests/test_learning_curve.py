@@ -122,6 +122,14 @@ def test_merge_pools_parts_of_one_identity_and_refuses_others(curve, tmp_path):
     merged = curve["merge_parts"]([a, b], tmp_path / "merged")
     assert [i["command"] for i in merged["invocations"]] == ["a", "b"]
     assert sorted(p.name for p in (tmp_path / "merged" / "runs").iterdir()) == ["grpo_seed0.json", "taspo_seed0.json"]
+    # a merge's report is a part too (the committed results file): merging it with another part
+    report = curve["write_report"](tmp_path / "merged", resamples=50)
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    c = part("c", [_run("taspo", 1, {0: [1, 0], 1: [1, 0]})])
+    again = curve["merge_parts"]([tmp_path / "report.json", c], tmp_path / "merged_again")
+    assert [i["command"] for i in again["invocations"]] == ["a", "b", "c"]
+    assert sorted(p.name for p in (tmp_path / "merged_again" / "runs").iterdir()) == [
+        "grpo_seed0.json", "taspo_seed0.json", "taspo_seed1.json"]
     other = part("other", [], warm_start={"name": "another"})
     with pytest.raises(curve["PartMismatch"], match=r'warm_start\.name: "m" vs "another"'):
         curve["merge_parts"]([a, other], tmp_path / "merged2")
