@@ -108,7 +108,7 @@ METHODS = ("grpo", "taspo", "alignopsd", "gigpo")
 SETTINGS: dict[str, Setting] = {
     # The tests: every code path (recipe build, callback, evaluation, checkpoints, report, plot) at the smallest size.
     "smoke": Setting(
-        methods=("grpo", "taspo"),
+        methods=METHODS,
         seeds=(0,),
         steps=2,
         eval_every=1,
