@@ -477,11 +477,12 @@ def _verdict(interval: dict[str, float]) -> str:
 
 
 def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int = RESAMPLES) -> dict[str, Any]:
-    """Per method: success at every evaluation all its runs reached, with its interval; against GRPO: the paired
-    difference at the last evaluation both reached and in the area under the curve over the evaluations both
-    reached, on their shared seeds; and the detectable difference for ``full_seeds`` seeds."""
+    """Over the finished runs (an unfinished one is only drawn): per method, success at every evaluation with its
+    interval; against GRPO, the paired difference at the last evaluation and in the area under the curve, on the
+    seeds both finished; and the detectable difference for ``full_seeds`` seeds, with the degrees of freedom of
+    the spread it comes from."""
     by_method: dict[str, dict[int, dict[int, list[int]]]] = {}
-    for run in runs:
+    for run in (run for run in runs if run["done"]):
         by_method.setdefault(run["method"], {})[run["seed"]] = {p["step"]: p["outcomes"] for p in run["points"]}
     methods: dict[str, Any] = {}
     for method, seeds in by_method.items():
@@ -518,7 +519,8 @@ def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int
     return {
         "methods": methods,
         "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_means, full_seeds),
-                                  "auc": detectable_difference(auc_means, full_seeds)},
+                                  "auc": detectable_difference(auc_means, full_seeds),
+                                  "degrees_of_freedom": sum(len(m) - 1 for m in last_means if len(m) > 1)},
         "bootstrap": {"resamples": resamples, "seed": BOOTSTRAP_SEED, "unit": "training seeds and evaluation games"},
     }
 
@@ -593,7 +595,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    methods = [m for m in METHODS if m in report["methods"]] + sorted(set(report["methods"]) - set(METHODS))
+    present = set(report["methods"]) | set(report.get("planned", {}).get("methods", []))
+    methods = [m for m in METHODS if m in present] + sorted(present - set(METHODS))
     panels = len(methods) + 1
     columns = min(panels, 3)
     rows = -(-panels // columns)
@@ -606,19 +609,24 @@ def plot(report: dict[str, Any], path: Path) -> None:
         for run in (r for r in report["runs"] if r["method"] == method):
             ax.plot([p["step"] for p in run["points"]], [p["success"] for p in run["points"]], color=color,
                     alpha=0.4, linewidth=1)
+        ax.set_title(method)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylabel(f"success, {games} eval_unseen games")
+        if method not in report["methods"]:
+            ax.text(0.5, 0.5, "no finished run yet", ha="center", va="center", transform=ax.transAxes)
+            continue
         table = report["methods"][method]["success"]
         steps = [row["step"] for row in table]
         ax.fill_between(steps, [row["low"] for row in table], [row["high"] for row in table], color=color, alpha=0.2)
         seeds = table[0]["seeds"] if table else 0
         ax.plot(steps, [row["mean"] for row in table], color=color, linewidth=2.5, marker="o",
                 label=f"mean of {seeds} seed{'s' * (seeds != 1)}, 95 % interval")
-        ax.set_title(method)
-        ax.set_ylim(-0.02, 1.02)
-        ax.set_ylabel(f"success, {games} eval_unseen games")
         ax.legend(fontsize="small", loc="upper left")
     ax = axes[len(methods)]
     ax.axhline(0.0, color="black", linewidth=0.8)
-    compared = [m for m in methods if "against_grpo" in report["methods"][m]]
+    compared = [m for m in methods if "against_grpo" in report["methods"].get(m, {})]
+    if not compared:
+        ax.text(0.5, 0.5, "no method paired with GRPO yet", ha="center", va="center", transform=ax.transAxes)
     for x, method in enumerate(compared):
         against, color = report["methods"][method]["against_grpo"], f"C{methods.index(method)}"
         for offset, (what, marker, label) in zip((-0.15, 0.15), (("last", "o", "last evaluation"),
@@ -658,9 +666,10 @@ def _print_summary(report: dict[str, Any]) -> None:
                   f"{against['auc']['high']:+.3f}] ({against['auc']['verdict']})", flush=True)
     detectable = report["detectable_difference"]
     if detectable["last"] is not None:
+        area = f" ({detectable['auc']:.3f} in the area under the curve)" if detectable["auc"] is not None else ""
         print(f"[learning-curve] with {detectable['seeds']} seeds a method, a difference from GRPO of "
-              f"{detectable['last']:.3f} at the last evaluation (of {detectable['auc'] or float('nan'):.3f} in the area "
-              "under the curve) is detected 4 times in 5", flush=True)
+              f"{detectable['last']:.3f} at the last evaluation{area} is detected 4 times in 5 (the spread between "
+              f"seeds has {detectable['degrees_of_freedom']} degrees of freedom)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -264,7 +264,8 @@ def learning_curve(result: dict[str, Any]) -> str:
              f"{6 * config['train_games_per_type']} train games it never saw (seed {config['train_games_seed']}), "
              f"evaluated every {config['eval_every']} steps on {games} `eval_unseen` games sampled at the training "
              f"temperature with evaluation seed {identity['eval_seed']}, {'bf16 autocast' if identity['bf16'] else 'float32'}. "
-             "Success with its 95 % interval from a bootstrap over training seeds and evaluation games.", ""]
+             "Success of the finished runs with its 95 % interval from a bootstrap over training seeds and "
+             "evaluation games; unfinished runs are drawn, not counted.", ""]
     steps = sorted({row["step"] for entry in result["methods"].values() for row in entry["success"]})
     lines += ["| method | seeds | " + " | ".join(f"step {step}" for step in steps) + " |",
               "|---|---|" + "---|" * len(steps)]
@@ -283,7 +284,9 @@ def learning_curve(result: dict[str, Any]) -> str:
                          f"{a['auc']['verdict']} |")
     detectable = result["detectable_difference"]
     if detectable["last"] is not None:
-        lines += ["", f"From the spread of success between seeds here, a run with {detectable['seeds']} seeds per method "
+        lines += ["", f"From the spread of success between the finished seeds here ({detectable['degrees_of_freedom']} "
+                      f"degree{'s' * (detectable['degrees_of_freedom'] != 1)} of freedom), a run with "
+                      f"{detectable['seeds']} seeds per method "
                       f"detects a difference from GRPO of {detectable['last']:.3f} at the last evaluation"
                       + (f" ({detectable['auc']:.3f} in the area under the curve)" if detectable.get("auc") else "")
                       + " 4 times in 5 (80 % power, 5 % level)."]

@@ -60,36 +60,37 @@ def test_paired_difference_is_antisymmetric_and_its_interval_holds_its_mean(curv
     assert curve["paired_difference"](a, a, resamples=200) == {"mean": 0.0, "low": 0.0, "high": 0.0}
 
 
-def _run(method: str, seed: int, steps: dict[int, list[int]]) -> dict:
-    return {"method": method, "seed": seed, "done": True, "segments": [],
+def _run(method: str, seed: int, steps: dict[int, list[int]], done: bool = True) -> dict:
+    return {"method": method, "seed": seed, "done": done, "segments": [],
             "points": [{"step": step, "outcomes": outcomes, "success": float(np.mean(outcomes))}
                        for step, outcomes in steps.items()]}
 
 
-def test_statistics_pair_each_method_with_grpo_on_shared_seeds_and_steps(curve):
+def test_statistics_pair_each_method_with_grpo_on_the_finished_seeds(curve):
     runs = [
         _run("grpo", 0, {0: [1, 0, 0, 0], 10: [1, 0, 0, 0], 20: [1, 1, 0, 0]}),
         _run("grpo", 1, {0: [1, 0, 0, 0], 10: [0, 0, 0, 0], 20: [1, 0, 0, 0]}),
         _run("taspo", 0, {0: [1, 0, 0, 0], 10: [1, 1, 0, 0], 20: [1, 1, 1, 1]}),
-        _run("taspo", 1, {0: [1, 0, 0, 0], 10: [1, 1, 1, 0]}),  # stopped after step 10
+        _run("taspo", 1, {0: [1, 0, 0, 0], 10: [1, 1, 1, 0]}, done=False),  # stopped after step 10: left out
     ]
     stats = curve["curve_statistics"](runs, full_seeds=3, resamples=500)
-    assert stats["methods"]["taspo"]["steps"] == [0, 10]  # the steps every TASPO run reached
+    assert stats["methods"]["taspo"]["steps"] == [0, 10, 20]
+    assert stats["methods"]["taspo"]["success"][-1]["seeds"] == 1
     assert [row["mean"] for row in stats["methods"]["grpo"]["success"]] == [0.25, 0.125, 0.375]
     against = stats["methods"]["taspo"]["against_grpo"]
-    assert against["seeds"] == [0, 1] and against["last_step"] == 10
-    # step 10: TASPO 2/4 and 3/4, GRPO 1/4 and 0/4: difference (5 - 1) / 8 = 0.5
+    assert against["seeds"] == [0] and against["last_step"] == 20
+    # step 20, seed 0: TASPO 4/4, GRPO 2/4
     assert against["last"]["mean"] == pytest.approx(0.5)
-    # area over steps 0..10, per seed and game the mean of two ends: TASPO (1+1)/2.. sums: seed 0 (1 + 0.5) / 4,
-    # seed 1 (1 + 0.5 + 0.5) / 4; GRPO seed 0 1 / 4, seed 1 0.5 / 4: difference (0.375 + 0.5 - 0.25 - 0.125) / 2
+    # area over steps 0, 10, 20 per game (trapezoids of width 10 over 20): TASPO 1, 0.75, 0.25, 0.25 (mean
+    # 0.5625); GRPO 1, 0.25, 0, 0 (mean 0.3125)
     assert against["auc"]["mean"] == pytest.approx(0.25)
     assert against["last"]["verdict"] in ("better than GRPO", "no detectable difference")
-    # last-evaluation seed means: GRPO 0.5 and 0.25 (variance 0.03125), TASPO 1.0 and 0.75 (0.03125)
-    assert stats["detectable_difference"]["last"] == pytest.approx(2.8 * np.sqrt(2 * 0.03125 / 3))
-    # areas: GRPO seed 0 (0.25 + 0.25) / 2 over 0..10 and (0.25 + 0.5) / 2 over 10..20: 0.3125; seed 1 0.125
-    # (TASPO's steps 0..10 only: seed 0 0.375, seed 1 0.5); pooled variance (0.0175781 + 0.0078125) / 2
-    pooled = (2 * 0.09375 ** 2 + 2 * 0.0625 ** 2) / 2
-    assert stats["detectable_difference"]["auc"] == pytest.approx(2.8 * np.sqrt(2 * pooled / 3))
+    # the spread between seeds comes from GRPO alone (one finished TASPO seed): step 20 means 0.5 and 0.25, areas
+    # 0.3125 and 0.125; one degree of freedom each
+    detectable = stats["detectable_difference"]
+    assert detectable["degrees_of_freedom"] == 1
+    assert detectable["last"] == pytest.approx(2.8 * np.sqrt(2 * 2 * 0.125 ** 2 / 3))
+    assert detectable["auc"] == pytest.approx(2.8 * np.sqrt(2 * 2 * 0.09375 ** 2 / 3))
 
 
 def _identity(curve, **changes) -> dict:
