@@ -680,6 +680,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", help="output folder, one part (default: outputs/learning_curve/<setting>)")
     parser.add_argument("--methods", nargs="+", help="train only these of the setting's methods (a part)")
     parser.add_argument("--seeds", nargs="+", type=int, help="train only these of the setting's seeds (a part)")
+    parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                        help="a taspo-train setting on top of the setting's (e.g. --set learning_rate 5e-5); it "
+                             "enters the part's identity")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="PART",
                         help="merge these parts (folders, or the learning_curve.json of one) into --out")
     parser.add_argument("--report", type=Path, metavar="PART", help="recompute the statistics and figure of a part")
@@ -704,6 +707,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return report
 
     setting = SETTINGS[args.setting]
+    setting = replace(setting, overrides=(*setting.overrides, *(item for key, value in args.set
+                                                                 for item in (f"--{key}", value))))
     unknown = sorted(set(args.methods or ()) - set(setting.methods)) + sorted(set(args.seeds or ()) - set(setting.seeds))
     if unknown:
         parser.error(f"not in the {args.setting} setting: {unknown} (methods {setting.methods}, seeds {setting.seeds})")
@@ -727,7 +732,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for method in chosen.methods:
             if setting.isolate:
                 child = [sys.executable, __file__, "--setting", args.setting, "--model", args.model, "--out", str(out),
-                         "--only", f"{method}:{seed}"]
+                         *(item for pair in args.set for item in ("--set", *pair)), "--only", f"{method}:{seed}"]
                 code = subprocess.run(child).returncode
                 if code:  # the other runs go on; this one resumes from its last evaluation when rerun
                     failed.append(f"{method} seed {seed} (exit code {code})")
