@@ -427,16 +427,21 @@ def eval_game_rows(setting: Setting, out: Path) -> list[dict[str, Any]]:
 # ---- statistics ---------------------------------------------------------------------------------------------------
 
 
-def bootstrap_mean(outcomes: np.ndarray, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
-    """Mean of a (seeds, games) array with its 95 % percentile interval from a bootstrap that resamples the seeds
-    and, independently, the games (the same game draw for every seed of a replicate)."""
-    outcomes = np.asarray(outcomes, dtype=float)
+def _replicates(outcomes: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Bootstrap means of a (seeds, games) array, resampling the seeds and, independently, the games (the same game
+    draw for every seed of a replicate)."""
     rng = np.random.default_rng(seed)
     n_seeds, n_games = outcomes.shape
     seed_draws = rng.integers(0, n_seeds, size=(resamples, n_seeds))
     game_draws = rng.integers(0, n_games, size=(resamples, n_games))
-    replicates = np.array([outcomes[np.ix_(s, g)].mean() for s, g in zip(seed_draws, game_draws)])
-    low, high = np.percentile(replicates, [2.5, 97.5])
+    return np.array([outcomes[np.ix_(s, g)].mean() for s, g in zip(seed_draws, game_draws)])
+
+
+def bootstrap_mean(outcomes: np.ndarray, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """Mean of a (seeds, games) array with its 95 % percentile interval from a bootstrap that resamples the seeds
+    and the games."""
+    outcomes = np.asarray(outcomes, dtype=float)
+    low, high = np.percentile(_replicates(outcomes, resamples, seed), [2.5, 97.5])
     return {"mean": float(outcomes.mean()), "low": float(low), "high": float(high)}
 
 
@@ -456,16 +461,16 @@ def area_under_curve(steps: list[int], outcomes: np.ndarray) -> np.ndarray:
     return np.tensordot(widths, heights, axes=1) / widths.sum()
 
 
-def detectable_difference(seed_means: list[list[float]], seeds: int) -> float | None:
-    """The paired difference (method minus GRPO) a run with ``seeds`` seeds per method detects with 80 % power at
-    the 5 % level, from ``seed_means``: per method, the success of each seed (over the same games). The spread
-    between seeds is pooled over the methods with at least two; a difference of two methods has twice its variance.
-    ``None`` without two seeds of any method."""
-    groups = [np.asarray(means, dtype=float) for means in seed_means if len(means) >= 2]
-    if not groups:
+def detectable_difference(null_pairs: list[np.ndarray], seeds: int, resamples: int = RESAMPLES) -> float | None:
+    """The paired difference from GRPO that a run with ``seeds`` seeds per method detects 4 times in 5 (80 % power,
+    5 % level), from ``null_pairs``: per-game differences between two finished seeds of one method, which is what
+    a paired difference between two methods with no effect looks like. Their standard error under this
+    benchmark's bootstrap, scaled from their number of pairs to ``seeds`` (assuming independent seeds), times
+    2.8. ``None`` without two finished seeds of any method."""
+    if not null_pairs:
         return None
-    pooled = sum(((g - g.mean()) ** 2).sum() for g in groups) / sum(len(g) - 1 for g in groups)
-    return float(DETECTABLE_SES * np.sqrt(2 * pooled / seeds))
+    spread = _replicates(np.asarray(null_pairs, dtype=float), resamples, BOOTSTRAP_SEED).std()
+    return float(DETECTABLE_SES * spread * np.sqrt(len(null_pairs) / seeds))
 
 
 def _verdict(interval: dict[str, float]) -> str:
@@ -490,6 +495,11 @@ def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int
         table = [{"step": step, "seeds": len(seeds),
                   **bootstrap_mean(np.array([seeds[s][step] for s in sorted(seeds)]), resamples)} for step in steps]
         methods[method] = {"steps": steps, "success": table}
+        if len(steps) > 1:  # did training move it? the last evaluation against the first, paired by seed and game
+            by_step = {step: np.array([seeds[s][step] for s in sorted(seeds)]) for step in (steps[0], steps[-1])}
+            change = paired_difference(by_step[steps[-1]], by_step[steps[0]], resamples)
+            moved = "up" if change["low"] > 0 else "down" if change["high"] < 0 else "no detectable change"
+            methods[method]["change"] = {**change, "from_step": steps[0], "to_step": steps[-1], "verdict": moved}
     baseline = by_method.get("grpo")
     for method, seeds in by_method.items():
         if method == "grpo" or not baseline:
@@ -507,20 +517,23 @@ def curve_statistics(runs: list[dict[str, Any]], full_seeds: int, resamples: int
             "last": {**last, "verdict": _verdict(last)},
             "auc": {**auc, "verdict": _verdict(auc)},
         }
-    # each method's seeds at the evaluations they all reached: success at the last, and the area under the curve
-    last_means, auc_means = [], []
+    # two seeds of one method differ only by chance: per-game differences at the last evaluation and in the area
+    last_pairs, auc_pairs = [], []
     for method, seeds in by_method.items():
         steps = methods[method]["steps"]
-        if steps:
-            last_means.append([float(np.mean(points[steps[-1]])) for points in seeds.values()])
-        if len(steps) > 1:
-            curves = np.array([[points[step] for points in seeds.values()] for step in steps])
-            auc_means.append(area_under_curve(steps, curves).mean(axis=1).tolist())
+        if len(steps) < 2:
+            continue
+        curves = np.array([[points[step] for points in seeds.values()] for step in steps], dtype=float)
+        areas = area_under_curve(steps, curves)
+        for i in range(len(seeds)):
+            for j in range(i + 1, len(seeds)):
+                last_pairs.append(curves[-1, i] - curves[-1, j])
+                auc_pairs.append(areas[i] - areas[j])
     return {
         "methods": methods,
-        "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_means, full_seeds),
-                                  "auc": detectable_difference(auc_means, full_seeds),
-                                  "degrees_of_freedom": sum(len(m) - 1 for m in last_means if len(m) > 1)},
+        "detectable_difference": {"seeds": full_seeds, "last": detectable_difference(last_pairs, full_seeds, resamples),
+                                  "auc": detectable_difference(auc_pairs, full_seeds, resamples),
+                                  "seed_pairs": len(last_pairs)},
         "bootstrap": {"resamples": resamples, "seed": BOOTSTRAP_SEED, "unit": "training seeds and evaluation games"},
     }
 
@@ -668,8 +681,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     if detectable["last"] is not None:
         area = f" ({detectable['auc']:.3f} in the area under the curve)" if detectable["auc"] is not None else ""
         print(f"[learning-curve] with {detectable['seeds']} seeds a method, a difference from GRPO of "
-              f"{detectable['last']:.3f} at the last evaluation{area} is detected 4 times in 5 (the spread between "
-              f"seeds has {detectable['degrees_of_freedom']} degrees of freedom)", flush=True)
+              f"{detectable['last']:.3f} at the last evaluation{area} is detected 4 times in 5 (from "
+              f"{detectable['seed_pairs']} pair(s) of seeds of one method)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -239,17 +239,18 @@ def curve_statement(result: dict[str, Any]) -> str:
     against = {m: e["against_grpo"] for m, e in result["methods"].items() if "against_grpo" in e}
     scope = (f"A pilot, not the full run: {done} of {planned} runs finished." if done < planned
              else f"All {planned} runs finished.")
+    changes = "".join(
+        f" {method}'s success went from {e['success'][0]['mean']:.3f} at step {c['from_step']} to "
+        f"{e['success'][-1]['mean']:.3f} at step {c['to_step']}: a change of {_interval(c, True)} ({c['verdict']})."
+        for method, e in result["methods"].items() if (c := e.get("change")))
     if not against:
-        grpo = result["methods"].get("grpo", {}).get("success", [])
-        moved = (f" GRPO's success went from {_interval(grpo[0])} at step {grpo[0]['step']} to {_interval(grpo[-1])} "
-                 f"at step {grpo[-1]['step']}." if len(grpo) > 1 else "")
-        return f"{scope}{moved} No method can be compared with GRPO yet."
+        return f"{scope}{changes} No method can be compared with GRPO yet."
     findings = [f"{m} minus GRPO at step {a['last_step']}: {_interval(a['last'], True)}, {a['last']['verdict']}; "
                 f"in the area under the curve {_interval(a['auc'], True)}, {a['auc']['verdict']}"
                 for m, a in against.items()]
     single = " With one seed the intervals cover the evaluation games, not the spread between training runs." if any(
         len(a["seeds"]) < 2 for a in against.values()) else ""
-    return f"{scope} " + "; ".join(findings) + "." + single
+    return f"{scope}{changes} " + "; ".join(findings) + "." + single
 
 
 def learning_curve(result: dict[str, Any]) -> str:
@@ -284,9 +285,9 @@ def learning_curve(result: dict[str, Any]) -> str:
                          f"{a['auc']['verdict']} |")
     detectable = result["detectable_difference"]
     if detectable["last"] is not None:
-        lines += ["", f"From the spread of success between the finished seeds here ({detectable['degrees_of_freedom']} "
-                      f"degree{'s' * (detectable['degrees_of_freedom'] != 1)} of freedom), a run with "
-                      f"{detectable['seeds']} seeds per method "
+        pairs = detectable["seed_pairs"]
+        lines += ["", f"Two finished seeds of one method differ by chance alone; from the per-game differences of "
+                      f"{pairs} such pair{'s' * (pairs != 1)} here, a run with {detectable['seeds']} seeds per method "
                       f"detects a difference from GRPO of {detectable['last']:.3f} at the last evaluation"
                       + (f" ({detectable['auc']:.3f} in the area under the curve)" if detectable.get("auc") else "")
                       + " 4 times in 5 (80 % power, 5 % level)."]

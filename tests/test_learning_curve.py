@@ -35,11 +35,12 @@ def test_bootstrap_of_one_seed_and_two_games_spans_both_ends(curve):
     assert interval == {"mean": 0.5, "low": 0.0, "high": 1.0}
 
 
-def test_detectable_difference_pools_the_spread_between_seeds(curve):
-    # seed means (0.4, 0.6) and (0.5, 0.7): pooled variance (0.02 + 0.02) / 2 = 0.02; a difference of two methods
-    # with 3 seeds each has variance 2 * 0.02 / 3, and 2.8 standard errors of it are 0.3233
-    assert curve["detectable_difference"]([[0.4, 0.6], [0.5, 0.7], [0.9]], seeds=3) == pytest.approx(0.32332, abs=1e-5)
-    assert curve["detectable_difference"]([[0.4], [0.5]], seeds=3) is None
+def test_detectable_difference_scales_the_bootstrap_error_of_seed_pairs(curve):
+    # one pair of seeds differing by (1, -1, 0, 0) over four games: population variance 0.5, so the bootstrap's
+    # standard error of the mean is sqrt(0.5 / 4); with 3 seeds it shrinks by sqrt(1 / 3); 2.8 of them: 0.5716
+    detectable = curve["detectable_difference"]([np.array([1, -1, 0, 0])], seeds=3, resamples=20000)
+    assert detectable == pytest.approx(2.8 * np.sqrt(0.5 / 4) * np.sqrt(1 / 3), rel=0.03)
+    assert curve["detectable_difference"]([], seeds=3) is None
 
 
 outcome_arrays = st.integers(1, 3).flatmap(lambda seeds: st.integers(1, 6).flatmap(
@@ -77,6 +78,9 @@ def test_statistics_pair_each_method_with_grpo_on_the_finished_seeds(curve):
     assert stats["methods"]["taspo"]["steps"] == [0, 10, 20]
     assert stats["methods"]["taspo"]["success"][-1]["seeds"] == 1
     assert [row["mean"] for row in stats["methods"]["grpo"]["success"]] == [0.25, 0.125, 0.375]
+    # GRPO from step 0 to 20: seed 0 gains game 2, seed 1 nothing: (1 + 0) / 8
+    assert stats["methods"]["grpo"]["change"]["mean"] == pytest.approx(0.125)
+    assert stats["methods"]["grpo"]["change"]["from_step"] == 0 and stats["methods"]["grpo"]["change"]["to_step"] == 20
     against = stats["methods"]["taspo"]["against_grpo"]
     assert against["seeds"] == [0] and against["last_step"] == 20
     # step 20, seed 0: TASPO 4/4, GRPO 2/4
@@ -85,12 +89,11 @@ def test_statistics_pair_each_method_with_grpo_on_the_finished_seeds(curve):
     # 0.5625); GRPO 1, 0.25, 0, 0 (mean 0.3125)
     assert against["auc"]["mean"] == pytest.approx(0.25)
     assert against["last"]["verdict"] in ("better than GRPO", "no detectable difference")
-    # the spread between seeds comes from GRPO alone (one finished TASPO seed): step 20 means 0.5 and 0.25, areas
-    # 0.3125 and 0.125; one degree of freedom each
+    # seed pairs come from GRPO alone (one finished TASPO seed): at step 20 the seeds differ by (0, 1, 0, 0)
     detectable = stats["detectable_difference"]
-    assert detectable["degrees_of_freedom"] == 1
-    assert detectable["last"] == pytest.approx(2.8 * np.sqrt(2 * 2 * 0.125 ** 2 / 3))
-    assert detectable["auc"] == pytest.approx(2.8 * np.sqrt(2 * 2 * 0.09375 ** 2 / 3))
+    assert detectable["seed_pairs"] == 1
+    expected = curve["detectable_difference"]([np.array([0, 1, 0, 0])], seeds=3, resamples=500)
+    assert detectable["last"] == expected
 
 
 def _identity(curve, **changes) -> dict:
