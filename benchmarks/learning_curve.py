@@ -126,8 +126,8 @@ SETTINGS: dict[str, Setting] = {
     ),
     # The quickstart recipes (2 tasks x 4 siblings a step, lr 1e-5, 12 turns of 48 tokens) on a pool of 120 fresh
     # train games (20 per family, so nearly every step plays new games) for 40 steps, evaluated every 10 steps
-    # on 60 eval_unseen games (10 per family: one game is 1.7 points). A run takes about 40 minutes on a 2-core
-    # CPU with bf16 (AlignOPSD about an hour); the twelve runs about nine hours, in parts.
+    # on 60 eval_unseen games (10 per family: one game is 1.7 points). A GRPO run takes about 45 minutes on a
+    # 2-core CPU with bf16 (AlignOPSD's steps about 1.7 times GRPO's); the twelve runs about 11 hours, in parts.
     "cpu": Setting(
         methods=METHODS,
         seeds=(0, 1, 2),
