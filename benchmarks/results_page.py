@@ -253,23 +253,26 @@ def curve_statement(result: dict[str, Any]) -> str:
     return f"{scope}{changes} " + "; ".join(findings) + "." + single
 
 
-def learning_curve(result: dict[str, Any]) -> str:
+def learning_curve(result: dict[str, Any], figure: str = "learning_curve_cpu.png") -> str:
     """Success on the fixed evaluation games per method and evaluation with its seed-and-game bootstrap interval,
     the paired differences from GRPO, the detectable difference and each run's wall time."""
     identity, config = result["identity"], result["identity"]["config"]
     games = identity["eval_games"]
     lines = [curve_statement(result), "",
-             "![success against step per method, and the paired differences from GRPO](results/learning_curve_cpu.png)",
+             f"![success against step per method, and the paired differences from GRPO](results/{figure})",
              "",
-             f"From `{identity['warm_start']['name']}`: the quickstart recipes for {config['steps']} steps on "
+             f"From `{identity['warm_start']['name']}`: the quickstart recipes"
+             + (f" with `{' '.join(config['overrides'])}`" if config["overrides"] else "")
+             + f" for {config['steps']} steps on "
              f"{6 * config['train_games_per_type']} train games it never saw (seed {config['train_games_seed']}), "
              f"evaluated every {config['eval_every']} steps on {games} `eval_unseen` games sampled at the training "
              f"temperature with evaluation seed {identity['eval_seed']}, {'bf16 autocast' if identity['bf16'] else 'float32'}. "
              "Success of the finished runs with its 95 % interval from a bootstrap over training seeds and "
              "evaluation games; unfinished runs are drawn, not counted.", ""]
     steps = sorted({row["step"] for entry in result["methods"].values() for row in entry["success"]})
-    lines += ["| method | seeds | " + " | ".join(f"step {step}" for step in steps) + " |",
-              "|---|---|" + "---|" * len(steps)]
+    if steps:
+        lines += ["| method | seeds | " + " | ".join(f"step {step}" for step in steps) + " |",
+                  "|---|---|" + "---|" * len(steps)]
     for method, entry in result["methods"].items():
         cells = {row["step"]: _interval(row) for row in entry["success"]}
         seeds = entry["success"][0]["seeds"] if entry["success"] else 0
@@ -470,6 +473,7 @@ CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the shipped 240-gam
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval.json")  # the previous warm start, the shipped one
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
+LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
 QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
@@ -481,6 +485,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
     ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
+    ("Learning-curve pilot: GRPO at five times the learning rate", (LEARNING_CURVE_LR,),
+     lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
     ("The first command from a fresh clone", QUICKSTART, quickstart),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
     ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
@@ -566,6 +572,8 @@ SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
     ("Learning curves, CPU setting: GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games",
      ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
      _summary_curve),
+    ("Learning-curve pilot: GRPO with learning rate 5e-5 (five times the recipe's)", (LEARNING_CURVE_LR,),
+     "learning-curve-pilot-grpo-at-five-times-the-learning-rate", _summary_curve),
     ("The first command above from a fresh clone (empty model cache): wall time, peak memory, precision",
      QUICKSTART, "the-first-command-from-a-fresh-clone", _summary_quickstart),
     ("The embedded warm start on ALFWorld games it never saw: `eval_unseen` wins (95 % interval), and fresh train "
