@@ -704,6 +704,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     if args.report:
+        if not (args.report / "part.json").is_file():
+            parser.error(f"--report {args.report}: no part.json there; give a folder this script wrote (--out or --merge)")
         report = write_report(args.report, args.resamples)
         _print_summary(report)
         return report
