@@ -125,8 +125,8 @@ class FusedDecodeStep:
         self.groups = [((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                         (layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in self.inner.layers]
         first = self.inner.layers[0].self_attn
-        self.queries, self.keys = first.q_proj.out_features, first.k_proj.out_features
-        self.heads = self.queries // first.head_dim
+        self.query_key = first.q_proj.out_features + first.k_proj.out_features  # where the values start in q/k/v
+        self.heads = first.q_proj.out_features // first.head_dim
         self._stacked: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]] = []
         self._versions: list[int] = []
 
@@ -177,11 +177,10 @@ class FusedDecodeStep:
             norm = layer.input_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
             qkv = _blocked_matmul(normed.to(attention.q_proj.weight.dtype).reshape(rows, -1), *stacked_qkv)
-            query_key = self.queries + self.keys
             # The rotary embedding of queries and keys in one pass: elementwise, so each element as when apart.
-            rotated = _rotate(qkv[:, :query_key].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
+            rotated = _rotate(qkv[:, : self.query_key].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
             query, key = rotated[:, : self.heads].contiguous(), rotated[:, self.heads :]
-            value = qkv[:, query_key:].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
+            value = qkv[:, self.query_key :].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
             key, value = cache.layers[index].update(key, value)
             attended, _ = self.attend(attention, query, key, value, mask, dropout=0.0, scaling=attention.scaling)
             hidden = hidden + attention.o_proj(attended.reshape(rows, 1, -1).contiguous())
