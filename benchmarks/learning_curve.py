@@ -754,8 +754,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(f"[learning-curve] {failed[-1]} failed; rerun the same command to resume it", flush=True)
             else:
                 train_one(method, seed, setting, model, out, eval_rows, invocation)
-            write_report(out, args.resamples)
-    report = write_report(out, args.resamples)
+    report = write_report(out, args.resamples)  # a child writes one after its run too, for whoever watches
     _print_summary(report)
     print(f"[learning-curve] wrote {out / 'learning_curve.json'} and {out / 'learning_curve.png'}", flush=True)
     if failed:

@@ -216,8 +216,8 @@ def credit_replication(*results: dict[str, Any]) -> str:
 
 
 def _interval(cell: dict[str, float], signed: bool = False) -> str:
-    form = "{:+.3f}" if signed else "{:.3f}"
-    return f"{form.format(cell['mean'])} [{form.format(cell['low'])}, {form.format(cell['high'])}]"
+    """A bootstrap cell of ``learning_curve.py`` (mean, low, high) as the page writes every interval."""
+    return _with_interval(cell["mean"], cell, signed)
 
 
 def _curve_runs(result: dict[str, Any]) -> tuple[int, int]:
