@@ -97,6 +97,10 @@ class WarmStart:
     pi_games_per_type: int = 0
     """More train games per family (generated with seed ``games_seed + 1``) that the SFT sees only as one informed
     episode each with the privileged context in every prompt (``taspo_trl.trainers.sft.guided_sft_dataset``)."""
+    pi_corrections: bool = False
+    """Also train on the informed expert's corrections of the plain episodes, with the task's own privileged context
+    in the prompt (``AgentSFTConfig.demonstration_pi_corrections``): the states where only the context says where
+    to go."""
     foreign_pi_share: float = 0.0
     """Share of the plain episodes shown another task's privileged context, to be ignored
     (``AgentSFTConfig.demonstration_foreign_pi_share``)."""
@@ -170,6 +174,10 @@ WARM_STARTS: dict[str, WarmStart] = {
         # fit its task.
         demonstrations_per_task=2,
         pi_episodes=1,
+        # The informed episode needs P_i only for its first move to the object's place; the informed expert's
+        # corrections of the searching episode add the states where the searcher heads elsewhere, with P_i and
+        # "go to" the place it quotes as target (about 2 rows a game), so the target there comes from P_i alone.
+        pi_corrections=True,
         foreign_pi_share=0.5,
         mistake_rate=0.15,
         # A rank-64 LoRA adapter on the upper 15 of the 30 layers: 19.6 MB of float16 (the wheel's 20 MB budget),
@@ -408,6 +416,7 @@ def _sft_settings(spec: WarmStart, sft_dir: Path, bf16: bool) -> dict[str, Any]:
         demonstration_mistake_rate=spec.mistake_rate,
         demonstration_wander_rate=spec.wander_rate,
         demonstration_foreign_pi_share=spec.foreign_pi_share,
+        demonstration_pi_corrections=spec.pi_corrections,
         frozen_layers=spec.frozen_layers,
         use_cpu=not torch.cuda.is_available(),
         bf16=bf16,

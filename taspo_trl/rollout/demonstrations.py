@@ -254,6 +254,7 @@ def relabelled_dataset(
     expert_factory: ExpertFactory | None = None,
     layout: str = "turn",
     seed: int = 0,
+    strict: bool = False,
 ) -> Any:
     """The expert's corrections of the policy's own episodes, as ``demonstration_dataset`` rows.
 
@@ -263,7 +264,8 @@ def relabelled_dataset(
     the expert's response. A trajectory stops giving rows where the environment answers differently than during
     the rollout, or where the expert cannot go on (it logs why). The expert needs an ``observe(command,
     admissible)`` method (the ALFWorld expert has one); an ``agrees(command, suggested)`` method, if it has one,
-    accepts commands as good as its own (ALFWorld: searching another plausible receptacle), which then get no row.
+    accepts commands as good as its own (ALFWorld: searching another plausible receptacle), which then get no row;
+    with ``strict`` every command other than the expert's own gets one.
     """
     from datasets import Dataset
 
@@ -281,7 +283,7 @@ def relabelled_dataset(
                 raise ValueError(f"{type(expert).__name__} has no observe(command, admissible) method, so it cannot "
                                  "follow a policy's episode; relabelling needs one.")
             tags = tuple(getattr(env, "action_tags", None) or (env.action_tag,))
-            agrees = getattr(expert, "agrees", None) or _same_command
+            agrees = _same_command if strict else getattr(expert, "agrees", None) or _same_command
             conversation: list[dict[str, str]] = []
             for t, turn in enumerate(trajectory.turns):
                 admissible = list(env.admissible_commands or [])

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 import trl.trainer.utils as trl_utils
 from trl import SFTConfig, SFTTrainer
 
-from ..envs import get_env_factory
+from ..envs import get_env_factory, get_expert_factory
 from ..model_card import AgentModelCard
 from ..precision import resolve_config_precision
 from ..envs.base import PromptTemplate, encode_task_prompt, task_spec_from_row
@@ -86,6 +86,15 @@ class AgentSFTConfig(SFTConfig):
             $P_i$; these teach it to ignore guidance that quotes objects and places its task does not have, so that
             the privileged pass moves the actions its own $P_i$ names and not whatever any $P_i$ names. The other
             task is of another family where the dataset has one.
+        demonstration_pi_corrections (`bool`, defaults to `False`):
+            Also replay each plain (searching) episode with an informed expert following along, and make every
+            turn where the informed expert would do otherwise (where the searcher heads for a place that does not
+            hold the object) a row with the task's own $P_i$ in front and the informed expert's response as target:
+            "go to" the place $P_i$ quotes. In an informed episode only the first move needs $P_i$ (the rest follows
+            from the observation); these rows show the same states with and without $P_i$ and two different
+            targets, so the target is learned from $P_i$ and not from the state. Needs
+            `demonstration_pi_episodes` >= 1 (the informed episodes' $P_i$ is used) and an expert built with
+            `informed=True` that can follow others' commands (`observe`).
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
@@ -111,6 +120,9 @@ class AgentSFTConfig(SFTConfig):
     )
     demonstration_foreign_pi_share: float = field(
         default=0.0, metadata={"help": "Share of plain episodes shown another task's privileged context."}
+    )
+    demonstration_pi_corrections: bool = field(
+        default=False, metadata={"help": "Rows of the informed expert's corrections of plain episodes, with P_i."}
     )
     frozen_layers: int = field(
         default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
@@ -140,6 +152,9 @@ class AgentSFTConfig(SFTConfig):
         if self.demonstration_foreign_pi_share and not self.demonstration_pi_episodes:
             raise ValueError("demonstration_foreign_pi_share shows plain episodes the privileged context of another "
                              "task, which informed episodes provide: set demonstration_pi_episodes >= 1.")
+        if self.demonstration_pi_corrections and not self.demonstration_pi_episodes:
+            raise ValueError("demonstration_pi_corrections shows plain episodes' states with the task's own privileged "
+                             "context, which informed episodes provide: set demonstration_pi_episodes >= 1.")
         if self.frozen_layers < 0:
             raise ValueError(f"frozen_layers must be at least 0, got {self.frozen_layers}.")
         if self.layout not in LAYOUTS:
@@ -149,8 +164,9 @@ class AgentSFTConfig(SFTConfig):
 def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, config: AgentSFTConfig) -> Any:
     """The prompt-completion dataset of the expert's winning episodes on the tasks of ``rows``: per task,
     ``demonstrations_per_task - demonstration_pi_episodes`` plain episodes, then ``demonstration_pi_episodes``
-    informed ones with the privileged context their plain siblings give in every prompt."""
-    from datasets import concatenate_datasets
+    informed ones with the privileged context their plain siblings give in every prompt, then (with
+    ``demonstration_pi_corrections``) the informed expert's corrections of the plain episodes with that context."""
+    from datasets import Dataset, concatenate_datasets
 
     specs = [task_spec_from_row(row) for row in rows]
     play = _expert_player(tokenizer, config)
@@ -162,6 +178,8 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
     foreign = foreign_guidance(plain, informed, contexts, config.demonstration_foreign_pi_share,
                                seed=config.demonstration_seed + 3)
     datasets = [_guided_rows(plain, foreign, config.layout), _guided_rows(informed, contexts, config.layout)]
+    if config.demonstration_pi_corrections and (corrections := informed_corrections(plain, informed, contexts, config)):
+        datasets.append(Dataset.from_list(corrections))
     return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
 
 
@@ -206,17 +224,42 @@ def _informed_episodes(
     return informed, sibling_contexts(informed, siblings, tokenizer)
 
 
+def informed_corrections(
+    plain: Sequence[Demonstration], informed: Sequence[Demonstration], contexts: Sequence[str], config: AgentSFTConfig,
+) -> list[dict[str, Any]]:
+    """Each plain episode relabelled by an informed expert (``relabelled_dataset`` with ``strict``: every turn where
+    it would play another command is a row), with the privileged context of its task's informed episode in front of
+    those rows' prompts; plain episodes of a task without a context give none."""
+    own = {encode_task_prompt(d.trajectory.task_spec): c for d, c in zip(informed, contexts, strict=True) if c}
+    expert_factory = partial(get_expert_factory(config.environment), informed=True)
+    rows = []
+    for demonstration in plain:
+        context = own.get(encode_task_prompt(demonstration.trajectory.task_spec))
+        if context:
+            corrections = relabelled_dataset([demonstration.trajectory], environment=config.environment,
+                                             expert_factory=expert_factory, layout=config.layout,
+                                             seed=config.demonstration_seed + 4, strict=True)
+            rows.extend(_with_context(corrections.to_list(), context))
+    return rows
+
+
 def _guided_rows(demonstrations: Sequence[Demonstration], contexts: Sequence[str], layout: str) -> Any:
     """The rows of ``demonstrations``, each episode's prompts with its context in front (none where it is "")."""
     from datasets import Dataset
 
     rows = []
     for demonstration, context in zip(demonstrations, contexts, strict=True):
-        for row in demonstration_dataset([demonstration], layout).to_list():
-            if context:  # P_i goes in front of the first user message, as privileged_prompt_ids puts it
-                row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
-            rows.append(row)
+        rows.extend(_with_context(demonstration_dataset([demonstration], layout).to_list(), context))
     return Dataset.from_list(rows)
+
+
+def _with_context(rows: list[dict[str, Any]], context: str) -> list[dict[str, Any]]:
+    """``rows`` with ``context`` in front of each prompt's first user message (none where it is ""), as
+    ``privileged_prompt_ids`` puts P_i."""
+    for row in rows:
+        if context:
+            row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
+    return rows
 
 
 def foreign_guidance(
