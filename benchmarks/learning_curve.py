@@ -60,7 +60,7 @@ from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_START = "embedded:smollm2-135m-alfworld"  # taspo_trl.warmstart: the embedded model after SFT on walkthroughs
-# Evaluation samples at the training temperature with this seed, reset before every evaluation, so every
+# A sampled evaluation (``eval_temperature`` > 0) draws with this seed, reset before every evaluation, so every
 # method and seed is measured on the same games with the same random stream.
 EVAL_SEED = 0
 EVAL_GAMES_SEED = 0
@@ -84,6 +84,8 @@ class Setting:
         eval_games_per_family: generated ``eval_unseen`` games per task family.
         eval_families: task families to evaluate on (all six when empty).
         eval_turns: turn cap of an evaluation episode.
+        eval_temperature: sampling temperature of the evaluation; 0 decodes greedily, ``None`` samples at the
+            training temperature (with ``EVAL_SEED``).
         train_games_per_type: generated train games per family, the pool each step draws its tasks from.
         train_games_seed: the seed of those games (the warm start trained on other seeds).
         overrides: ``taspo-train`` flags applied on top of the recipe.
@@ -98,6 +100,7 @@ class Setting:
     eval_games_per_family: int
     eval_families: tuple[str, ...]
     eval_turns: int
+    eval_temperature: float | None
     train_games_per_type: int
     train_games_seed: int
     overrides: tuple[str, ...]
@@ -115,6 +118,7 @@ SETTINGS: dict[str, Setting] = {
         eval_games_per_family=1,
         eval_families=(TASK_TYPES[1], TASK_TYPES[3]),
         eval_turns=2,
+        eval_temperature=0.0,
         train_games_per_type=1,
         train_games_seed=FRESH_GAMES_SEED,
         overrides=(
@@ -136,6 +140,10 @@ SETTINGS: dict[str, Setting] = {
         eval_games_per_family=10,
         eval_families=(),
         eval_turns=12,
+        # Greedy: at T = 1 the pilot's two GRPO seeds disagreed on 25 of the 60 games at every evaluation while
+        # their success barely moved, sampling noise that the paired differences carry in full. The greedy action
+        # is a function of the weights, so seeds and methods differ only where their policies do.
+        eval_temperature=0.0,
         train_games_per_type=20,
         train_games_seed=FRESH_GAMES_SEED,
         overrides=(),
@@ -151,6 +159,7 @@ SETTINGS: dict[str, Setting] = {
         eval_games_per_family=10,
         eval_families=(),
         eval_turns=30,
+        eval_temperature=0.0,
         train_games_per_type=20,
         train_games_seed=FRESH_GAMES_SEED,
         overrides=(
@@ -267,9 +276,10 @@ class CurveRecorder(TrainerCallback):
     starts from the same policy), or ``None``."""
 
     def __init__(self, rows: list[dict[str, Any]], max_turns: int, every: int, on_point: Any, start: int = 0,
-                 first_point: Any = None):
+                 first_point: Any = None, temperature: float | None = None):
         self.rows = rows
         self.max_turns = max_turns
+        self.temperature = temperature
         self.every = every
         self.on_point = on_point
         self.start = start
@@ -278,15 +288,15 @@ class CurveRecorder(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, processing_class: Any = None,
                        **kwargs: Any) -> None:
-        # Decoding as in training (layout, prompt window, response length, temperature, bf16 autocast), so the
-        # curve measures the policy that is being trained; all episodes in one batch.
+        # Decoding as in training (layout, prompt window, response length, bf16 autocast; the temperature unless
+        # the setting fixes one), so the curve measures the policy that is being trained; all episodes in one batch.
         self.eval_args = EvalArguments(
             layout=args.layout,
             history_window=args.history_window,
             max_turns=self.max_turns,
             max_prompt_tokens=args.max_prompt_tokens,
             max_completion_length=args.max_completion_length,
-            temperature=args.temperature,
+            temperature=args.temperature if self.temperature is None else self.temperature,
             top_p=args.top_p,
             seed=EVAL_SEED,
             eval_batch_size=len(self.rows),
@@ -403,7 +413,8 @@ def train_one(method: str, seed: int, setting: Setting, model: str, out: Path, e
     ]
     if checkpoint:
         print(f"[learning-curve] {method} seed {seed}: resuming from {checkpoint}", flush=True)
-    recorder = CurveRecorder(eval_rows, setting.eval_turns, setting.eval_every, record, start, first_point)
+    recorder = CurveRecorder(eval_rows, setting.eval_turns, setting.eval_every, record, start, first_point,
+                             setting.eval_temperature)
     trainer = build_trainer(argv, callbacks=[recorder], model_override=model)
     try:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)

@@ -265,8 +265,10 @@ def learning_curve(result: dict[str, Any], figure: str = "learning_curve_cpu.png
              + (f" with `{' '.join(config['overrides'])}`" if config["overrides"] else "")
              + f" for {config['steps']} steps on "
              f"{6 * config['train_games_per_type']} train games it never saw (seed {config['train_games_seed']}), "
-             f"evaluated every {config['eval_every']} steps on {games} `eval_unseen` games sampled at the training "
-             f"temperature with evaluation seed {identity['eval_seed']}, {'bf16 autocast' if identity['bf16'] else 'float32'}. "
+             f"evaluated every {config['eval_every']} steps on {games} `eval_unseen` games "
+             + ("decoded greedily" if config.get("eval_temperature") == 0 else
+                f"sampled at the training temperature with evaluation seed {identity['eval_seed']}")
+             + f", {'bf16 autocast' if identity['bf16'] else 'float32'}. "
              "Success of the finished runs with its 95 % interval from a bootstrap over training seeds and "
              "evaluation games; unfinished runs are drawn, not counted.", ""]
     steps = sorted({row["step"] for entry in result["methods"].values() for row in entry["success"]})

@@ -4,7 +4,8 @@
 30 layers, trained with TRL's ``SFTTrainer`` on the expert's episodes of 240 generated ALFWorld train games, rendered
 in the quickstart recipes' prompts (``turn`` layout, history window 1): per game a searching episode and an informed
 one with TASPO's privileged context in front of every prompt, half the searching episodes shown another task's
-context to ignore. The base model never writes a valid action; the warm-started one does, and wins some games, so
+context to ignore, and the informed expert's corrections of the searching episodes with the task's own context (the
+states where only the context says where the object is). The base model never writes a valid action; the warm-started one does, and wins some games, so
 RL groups hold both successes and failures.
 
 The package ships the adapter (``data/warm_starts/``, float16 factors and the trained norms,

@@ -394,3 +394,52 @@ def test_foreign_guidance_rows_keep_the_plain_experts_targets(alfworld_specs, em
                                                                                   if i not in plain_rows]
     with pytest.raises(ValueError, match="set demonstration_pi_episodes >= 1"):
         AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_foreign_pi_share=0.5)
+
+
+def test_informed_corrections_send_the_searcher_where_its_own_guidance_points(alfworld_specs, embedded_tokenizer,
+                                                                             tmp_path):
+    """demonstration_pi_corrections: the other rows stay as they were; one row more for every move of a searching
+    episode to a place the planner's walkthrough never visits (a detour), with the task's own P_i in front and, as
+    target, "go to" the place the walkthrough takes the object from, a command that P_i quotes."""
+    from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
+
+    rows = [dict(spec) for spec in alfworld_specs[:4]]
+    settings = dict(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none",
+                    demonstrations_per_task=2, demonstration_pi_episodes=1)
+    before = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(**settings)).to_list()
+    after = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstration_pi_corrections=True)).to_list()
+    assert after[: len(before)] == before
+    added = after[len(before):]
+
+    marker = "[End Privileged Guidance]\n\n"
+    walkthrough_places, sources, own_context = {}, {}, {}
+    for spec in rows:
+        env = get_env_factory("alfworld")(dict(spec))
+        env.reset()
+        task = env.task.rstrip(". ")
+        walkthrough_places[task] = {c.removeprefix("go to ") for c in env.walkthrough if c.startswith("go to ")}
+        sources[task] = {re.match(r"take .+ from (.+)$", c)[1] for c in env.walkthrough if c.startswith("take ")}
+        env.close()
+
+    def task_of(user: str) -> str:
+        return user.split("Your task is: ")[1].split("\n")[0].rstrip(". ")
+
+    detours = 0
+    for row in before:
+        content = row["prompt"][0]["content"]
+        if marker in content:
+            context, user = content.split(marker)
+            own_context[task_of(user)] = context
+            continue
+        action = _BLOCK.match(row["completion"][0]["content"])["action"]
+        detours += action.startswith("go to ") and action.removeprefix("go to ") not in walkthrough_places[task_of(content)]
+    assert detours > 0 and len(added) == detours
+    for row in added:
+        context, user = row["prompt"][0]["content"].split(marker)
+        task = task_of(user)
+        assert context == own_context[task]
+        action = _BLOCK.match(row["completion"][0]["content"])["action"]
+        assert action.removeprefix("go to ") in sources[task] and f'"{action}"' in context, (action, context)
+    with pytest.raises(ValueError, match="set demonstration_pi_episodes >= 1"):
+        AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_pi_corrections=True)

@@ -213,3 +213,15 @@ def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve,
 
     again = main([*argv, "taspo"])  # finished: nothing is trained again
     assert again["runs"] == report["runs"]
+
+
+def test_the_evaluation_decodes_at_the_settings_temperature_else_the_trainings(curve):
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(layout="turn", history_window=1, max_prompt_tokens=2048, max_completion_length=48,
+                           temperature=1.0, top_p=1.0, bf16=False, environment="alfworld")
+    for fixed, expected in ((0.0, 0.0), (None, 1.0)):
+        recorder = curve["CurveRecorder"]([{}], max_turns=2, every=1, on_point=None, start=1, temperature=fixed)
+        recorder.on_train_begin(args, None, None)  # start 1: nothing evaluated at step 0
+        assert recorder.eval_args.temperature == expected
+    assert curve["SETTINGS"]["cpu"].eval_temperature == 0.0  # greedy: no sampling noise in the paired differences

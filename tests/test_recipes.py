@@ -260,6 +260,7 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
     assert data.get("demonstration_pi_episodes", 0) == spec.pi_episodes
     assert data.get("demonstration_foreign_pi_share", 0.0) == spec.foreign_pi_share
+    assert data.get("demonstration_pi_corrections", False) is spec.pi_corrections
     quickstart = yaml.safe_load((ROOT / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml").read_text())
     assert quickstart["model_name_or_path"] == "embedded:smollm2-135m-alfworld"
     assert quickstart["history_window"] == spec.history_window and quickstart["layout"] == spec.layout

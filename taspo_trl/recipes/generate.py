@@ -250,6 +250,8 @@ def sft_quickstart(env: str) -> str:
             f"demonstrations_per_task: {spec.demonstrations_per_task}",
             f"demonstration_pi_episodes: {spec.pi_episodes}  # of those, informed ones with TASPO's privileged context",
             f"demonstration_foreign_pi_share: {spec.foreign_pi_share}  # plain ones shown another task's context",
+            f"demonstration_pi_corrections: {str(spec.pi_corrections).lower()}  # informed corrections of plain ones, "
+            "with P_i",
             f"demonstration_mistake_rate: {spec.mistake_rate}",
         ]
         prompt = [f"layout: {spec.layout}", f"history_window: {spec.history_window}"]
