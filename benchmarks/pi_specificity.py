@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                         help="bf16 autocast (--no-bf16: float32; default: where the hardware computes it)")
     parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
+    parser.add_argument("--label", default=None, help="the policy's name in the results page (default: --model)")
     args = parser.parse_args(argv)
+    args.label = args.label or args.model
     if len(args.task_types) < 2:
         parser.error("--task-types needs at least 2 families: a foreign PI comes from another task")
     # what credit_quality's _rows and _config read beyond the options above: its scripted ALFWorld batch

@@ -308,14 +308,20 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     """Log-prob shifts under each trajectory's own privileged information against another task's, one column pair
     per split, with the share of the quoted actions' gap (their plain -log pi) that the shift takes."""
     first = results[0]["settings"]
+    labels = [r["settings"].get("label") or r["settings"]["model"] for r in results]
+    named = len(set(labels)) > 1  # several policies: each column says whose it is
+
+    def column(r: dict[str, Any], label: str) -> str:
+        return f"{label}, `{r['settings']['split']}`" if named else f"`{r['settings']['split']}`"
+
     lines = [
         f"Scripted siblings (two walkthrough wins and two stalling failures per game, scored with the policy's own "
         f"log-probs), policy `{first['model']}`, history window {first['history_window']}; a foreign guidance is "
         "another task's. The gap share is the quoted actions' summed shift over their summed gap (the mean over "
         "their tokens of -log pi without guidance): 1 means the guidance makes them certain.",
         "",
-        "| figure | " + " | ".join(f"`{r['settings']['split']}`, own guidance | `{r['settings']['split']}`, foreign"
-                                      for r in results) + " |",
+        "| figure | " + " | ".join(f"{column(r, label)}, own guidance | {column(r, label)}, foreign"
+                                      for r, label in zip(results, labels)) + " |",
         "|---|" + "---|---|" * len(results),
     ]
 
@@ -335,7 +341,7 @@ def pi_specificity(*results: dict[str, Any]) -> str:
         row("gap share, quoted actions", lambda r: r["gap_share_own_quoted"], lambda r: r["gap_share_foreign_quoted"]),
         "",
         "Correlation of the own and foreign shifts over the actions: " + "; ".join(
-            f"`{r['settings']['split']}` {r['correlation']:.2f}" for r in results) + ".",
+            f"{column(r, label)} {r['correlation']:.2f}" for r, label in zip(results, labels)) + ".",
     ]
     return "\n".join(lines)
 
