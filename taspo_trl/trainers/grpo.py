@@ -7,10 +7,11 @@ One training step, top to bottom (``_generate_and_score_completions``):
 1. play one episode per dataset row with the batched agent loop (K consecutive rows = one task group);
 2. score each trajectory with the reward functions (default: the environment's verified reward);
 3. group-relative outcome advantages A_i over the rewards gathered from all processes (Sec. 3.1);
-4. per-turn weights w_it from the credit method (GRPO: all ones);
-5. lay trajectories out as training rows, give every policy token of turn t the advantage A_i w_it and the
-   Eq. 7 balancing weight 1 / (T_i |R_it|), which enters TRL's ``dapo`` loss as a fractional token mask;
-6. log-probs of the rollout snapshot / reference where TRL's loss needs them, metrics, and the batch.
+4. lay trajectories out as training rows, with the log-probs of the rollout snapshot / reference where TRL's
+   loss needs them;
+5. the credit method's per-turn weights w_it (GRPO: all ones): every policy token of turn t gets the advantage
+   A_i w_it and the Eq. 7 balancing weight 1 / (T_i |R_it|), which enters TRL's ``dapo`` loss as a fractional
+   token mask; then the metrics, and the batch.
 
 TRL then cuts the batch into micro-batches (``_prepare_inputs``); when the loss allows it exactly, they are
 repacked (``packing.repack``): rows whose loss is zero (with ``beta = 0``: every row whose advantages are all 0,
