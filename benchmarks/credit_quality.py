@@ -32,9 +32,8 @@ embedded base model). Their labels: WebShop, the fewest steps left to a purchase
 (``taspo_trl.envs.search.progress``). The oracle's actions carry no ``<think>`` text, and AlignOPSD matches decision
 states by their thinking only (a turn without it is ineligible, as in the official code), so on these siblings its
 correspondence finds no source by construction and its credit is GRPO's: that row is not a verdict on the method.
-WebShop's pages make its prompts long: on a 2-core AVX2 CPU without bf16 instructions, in float32, one task group
-of 4 siblings costs about 32 s of rollout and GRPO credit and 42 s of TASPO rescoring (``--tasks 1 --batches 1``),
-so WebShop's default is 4 batches of 12 tasks (see below), not Search-QA's 7 of 16.
+WebShop's pages make its prompts long, so its default is 4 batches of 12 tasks (see below), not Search-QA's 7 of
+16.
 
 Each AUC comes with a 95 % interval from a bootstrap that resamples whole task groups (batch, group), since the
 actions of a trajectory and the trajectories of a group are not independent, and with the paired difference
@@ -42,25 +41,16 @@ against GRPO and against TASPO on the same replicates (``taspo_trl.credit.qualit
 each AUC, ``moved`` is the share of trajectories whose weights are not all 1: "no credit moved" (0) and "credit
 moved the wrong way" read differently.
 
-How many batches: on the committed 4-batch ALFWorld run (20 groups with a non-zero advantage on each side) the
-won-side AUC's 95 % half-width was 0.083-0.088, i.e. a standard error of about 0.044. For a method whose true AUC is
-0.6 to get an interval excluding 0.5 four times in five, 0.1 must be at least (1.96 + 0.84) standard errors, so the
-standard error must fall to 0.1 / 2.8 = 0.036: 4 x (0.044 / 0.036)^2 = 6 batches, rounded up to 7 for the groups
-that win nothing. Under bf16 autocast on a 2-core AMD EPYC with AVX512-BF16, one ALFWorld batch of every method
-takes 16-23 min (4 Dec, seeds 0-2: rollout 1.6 min, AlignOPSD 5-9, TASPO 1-1.5, the seven comparison methods 7-10),
-so the default 7 batches take 2-2.7 hours, and GRPO, TASPO, AlignOPSD and GiGPO alone 1-1.5 hours. In float32
-on a 2-core AVX2 CPU without bf16 instructions one batch of every method takes about 48 min (4 Dec, seed 3: rollout
-6.6 min, AlignOPSD 25.5, the seven comparison methods 15; TASPO 3-4 min), and 29 min on the AVX512-BF16 EPYC
-with ``--no-bf16`` (4 Dec, seed 5: rollout 3.6 min, AlignOPSD 12.9, the seven comparison methods 10.4, TASPO 2.2).
-Either way the default runs in parts (below). The same count in task groups: 4 ALFWorld batches gave 20 groups with a
-non-zero advantage, so 20 x (0.044 / 0.036)^2 = 30 such groups are needed. Search-QA's default (7 batches of 16
-tasks) gave 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage
-with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. Measured (4 Dec, that
-CPU, GRPO, TASPO and GiGPO): 120 of 192 siblings won and 42 of the 48 groups had a non-zero advantage; 70 min wall,
-with test runs sharing the cores for a third of it; the seven comparison methods take 37-45 min a batch on the
-AVX512-BF16 EPYC with ``--no-bf16`` (5 Dec, seeds 2-3: rollout 6-7 min, RLSD 8, OPID 12-13, StepOPSD 9, Skill-SD
-0-9: its teacher pass is shared when its contexts match an earlier method's). ``--quick`` is one batch of two
-families or 4 tasks with 200 resamples, for smoke runs.
+How many batches: on a 4-batch ALFWorld run (20 groups with a non-zero advantage on each side) the won-side AUC's
+95 % half-width was 0.083-0.088, i.e. a standard error of about 0.044. For a method whose true AUC is 0.6 to get an
+interval excluding 0.5 four times in five, 0.1 must be at least (1.96 + 0.84) standard errors, so the standard error
+must fall to 0.1 / 2.8 = 0.036: 4 x (0.044 / 0.036)^2 = 6 batches, rounded up to 7 for the groups that win nothing;
+in task groups, 20 x (0.044 / 0.036)^2 = 30 with a non-zero advantage. Search-QA's default (7 batches of 16 tasks)
+gives about 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage
+with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. A batch of every method
+takes many minutes on a 2-core CPU (AlignOPSD and the comparison methods' teacher passes most of it; each JSON
+records every batch's seconds per phase), so the default runs in parts (below).
+``--quick`` is one batch of two families or 4 tasks with 200 resamples, for smoke runs.
 
 A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0
 --batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
