@@ -308,11 +308,10 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     """Log-prob shifts under each trajectory's own privileged information against another task's, one column pair
     per split, with the share of the quoted actions' gap (their plain -log pi) that the shift takes."""
     first = results[0]["settings"]
-    labels = [r["settings"].get("label") or r["settings"]["model"] for r in results]
-    named = len(set(labels)) > 1  # several policies: each column says whose it is
+    labels = _pi_labels(results)  # several policies: each column says whose it is
 
     def column(r: dict[str, Any], label: str) -> str:
-        return f"{label}, `{r['settings']['split']}`" if named else f"`{r['settings']['split']}`"
+        return f"{label}, `{r['settings']['split']}`" if label else f"`{r['settings']['split']}`"
 
     lines = [
         f"Scripted siblings (two walkthrough wins and two stalling failures per game, scored with the policy's own "
@@ -540,9 +539,16 @@ def _summary_curve(result: dict[str, Any]) -> str:
     return curve_statement(result)
 
 
+def _pi_labels(results: tuple[dict[str, Any], ...]) -> list[str]:
+    """Each pi_specificity result's policy label, or "" for all when they measure one policy."""
+    labels = [r["settings"].get("label") or r["settings"]["model"] for r in results]
+    return labels if len(set(labels)) > 1 else [""] * len(results)
+
+
 def _summary_pi(*results: dict[str, Any]) -> str:
-    return "; ".join(f"`{r['settings']['split']}`: {r['gap_share_own_quoted']:.2f} under its own guidance vs "
-                     f"{r['gap_share_foreign_quoted']:.2f} under another task's" for r in results)
+    return "; ".join(f"{label + ', ' if label else ''}`{r['settings']['split']}`: {r['gap_share_own_quoted']:.2f} "
+                     f"under its own guidance vs {r['gap_share_foreign_quoted']:.2f} under another task's"
+                     for r, label in zip(results, _pi_labels(results)))
 
 
 def _summary_quickstart(*results: dict[str, Any]) -> str:

@@ -230,3 +230,15 @@ def test_the_readme_groups_methods_by_their_verdicts(page):
                           "b": entry((0.2, 0.4), (0.4, 0.6)), "c": entry((0.55, 0.9), (0.1, 0.3))}}
     # a and c: won interval above 0.5, failed below it; b: won below 0.5, failed holds it.
     assert page._summary_verdicts(result) == "a, c: right way / right way; b: wrong way / no clear effect"
+
+
+def test_pi_specificity_of_two_policies_names_each_column_and_summary_by_its_label(page):
+    one = json.loads((page.RESULTS / "pi_specificity.json").read_text())
+    before = {**one, "settings": {**one["settings"], "label": "before"}}
+    after = {**one, "settings": {**one["settings"], "label": "after"}, "gap_share_own_quoted": 0.75}
+    table = page.pi_specificity(before, after)
+    assert "| before, `train`, own guidance | before, `train`, foreign | after, `train`, own guidance |" in table
+    summary = page._summary_pi(before, after)
+    assert summary.startswith("before, `train`: 0.18 under its own guidance") and "after, `train`: 0.75" in summary
+    alone = page.pi_specificity(before, before)  # one policy: the columns name only the split
+    assert "| `train`, own guidance | `train`, foreign |" in alone and "before," not in alone
