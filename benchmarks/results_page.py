@@ -411,7 +411,8 @@ def warm_start_build(result: dict[str, Any]) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in built["versions"].items() if version)
     lines = [f"`{result['name']}`: {_duration(result['build_seconds'])} over {result['examples']:,} SFT rows in "
              f"{'bf16 autocast' if built['bf16'] else 'float32'}, {built['torch_threads']} threads, max RSS "
-             f"{result['max_rss_gb']} GB ({versions})."]
+             + (f"{result['max_rss_gb']} GB" if result.get("max_rss_gb") is not None else "not recorded")
+             + f" ({versions})."]
     if result.get("note"):
         lines += ["", result["note"]]
     return "\n".join(lines)
@@ -478,7 +479,8 @@ CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every me
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the shipped 240-game warm start, fresh games, bf16
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval.json")  # the previous warm start, the shipped one
-PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")
+PI_SPECIFICITY = ("pi_specificity_240_games.json", "pi_specificity_240_games_unseen.json",  # the previous warm start
+                  "pi_specificity.json", "pi_specificity_unseen.json")  # the shipped one
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
 QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
