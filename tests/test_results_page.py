@@ -234,7 +234,7 @@ def test_the_readme_groups_methods_by_their_verdicts(page):
 
 def test_pi_specificity_of_two_policies_names_each_column_and_summary_by_its_label(page):
     one = json.loads((page.RESULTS / "pi_specificity.json").read_text())
-    before = {**one, "settings": {**one["settings"], "label": "before"}}
+    before = {**one, "settings": {**one["settings"], "label": "before"}, "gap_share_own_quoted": 0.18}
     after = {**one, "settings": {**one["settings"], "label": "after"}, "gap_share_own_quoted": 0.75}
     table = page.pi_specificity(before, after)
     assert "| before, `train`, own guidance | before, `train`, foreign | after, `train`, own guidance |" in table
