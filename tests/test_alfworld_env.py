@@ -326,3 +326,30 @@ def test_a_remembered_parse_hands_out_copies():
     assert second == [{"symbol": "#intro#", "rule": "symbols"}]
     assert remembered("#intro#", rule_name="other") == [{"symbol": "#intro#", "rule": "other"}]
     assert made == ["#intro#", "#intro#"]
+
+
+def _fast_downward_copies_loaded() -> int:
+    """How many copies of ``libdownward.so`` this process has mapped (TextWorld loads each from a temp folder)."""
+    return len({line.split()[-2] if line.endswith("(deleted)") else line.split()[-1]
+                for line in Path("/proc/self/maps").read_text().splitlines() if "libdownward.so" in line})
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's memory map of the process")
+def test_closed_engines_hand_their_fast_downward_copy_to_the_next_game(games):
+    files = [games[task_type] for task_type in TASK_TYPES]
+    envs = [ALFWorldEnv(game_file) for game_file in files]  # open together: each needs a copy of its own
+    printed = {game_file: [env.reset(), *env.admissible_commands] for game_file, env in zip(files, envs)}
+    for turn in range(max(len(env.walkthrough) for env in envs)):  # round robin: the copies' states interleave
+        for game_file, env in zip(files, envs):
+            if turn < len(env.walkthrough):
+                printed[game_file] += [env.step(env.walkthrough[turn]).observation, *env.admissible_commands]
+    assert all(env.step("look").info["won"] for env in envs)
+    for env in envs:
+        env.close()
+    copies = _fast_downward_copies_loaded()
+    assert copies >= len(files)
+
+    for _ in range(2):  # each game again, one at a time, on copies that played other games before
+        for game_file in files:
+            assert _play_walkthrough(game_file) == printed[game_file]
+    assert _fast_downward_copies_loaded() == copies

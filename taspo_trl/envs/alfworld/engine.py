@@ -4,6 +4,12 @@ TextWorld's ``PddlEnv`` runs the PDDL problem and ALFWorld's ``AlfredDemangler``
 them ("apple 1", "sinkbasin 1"). ``alfworld`` and ``textworld`` are optional dependencies, imported on first use.
 ``sys.argv`` is put back after every engine call (Fast Downward's translator sets it to
 ``['translate.py', 'domain', 'task']``).
+
+Fast Downward keeps its search state in globals, so TextWorld gives every ``PddlEnv`` its own copy of the 33 MB
+``libdownward.so``, copied to a temporary folder and loaded there; the folder is deleted but the library stays
+mapped (its disk space held) until the process ends. One copy per game filled the disk of a warm-start build
+(thousands of episodes in one process). A closed engine's copy is kept here and handed to the next engine, so a
+process holds as many copies as it ever had engines open at once.
 """
 
 from __future__ import annotations
@@ -98,12 +104,28 @@ class _ArgvKeeper:
 
 _KEEP_ARGV = _ArgvKeeper()
 
+_IDLE_DOWNWARD_LIBS: list[Any] = []  # Fast Downward copies whose engines closed; each loads its next game afresh
+_IDLE_LOCK = threading.Lock()
+
+
+def _pddl_env(pddl_env_class: type, infos: Any) -> Any:
+    """A ``PddlEnv`` on an idle Fast Downward copy when one is free, else on a fresh copy (``PddlEnv`` loads one)."""
+    with _IDLE_LOCK:
+        downward_lib = _IDLE_DOWNWARD_LIBS.pop() if _IDLE_DOWNWARD_LIBS else None
+    if downward_lib is None:
+        return pddl_env_class(infos)
+    pddl_env = pddl_env_class.__new__(pddl_env_class)
+    super(pddl_env_class, pddl_env).__init__(infos)  # what PddlEnv.__init__ does besides loading its copy
+    pddl_env.downward_lib = downward_lib
+    return pddl_env
+
 
 class _Engine:
     """TextWorld's environment, with ``sys.argv`` kept around every call; other attributes pass through."""
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
+        self._closed = False
 
     def reset(self) -> Any:
         with _KEEP_ARGV:
@@ -116,6 +138,11 @@ class _Engine:
     def close(self) -> None:
         with _KEEP_ARGV:
             self._engine.close()
+        downward_lib = getattr(self._engine, "downward_lib", None)  # the demangler passes it through
+        if downward_lib is not None and not self._closed:
+            with _IDLE_LOCK:
+                _IDLE_DOWNWARD_LIBS.append(downward_lib)
+        self._closed = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -128,7 +155,7 @@ def open_engine(game: Mapping[str, Any], with_plan: bool = False) -> Any:
     infos = EnvInfos(admissible_commands=True, won=True, policy_commands=with_plan)
     with _KEEP_ARGV:
         try:
-            pddl_env = PddlEnv(infos)
+            pddl_env = _pddl_env(PddlEnv, infos)
         except ImportError as error:  # textworld installed without its [pddl] extra (Fast Downward)
             raise ImportError(
                 f"ALFWorld environments need Fast Downward from `textworld[pddl]`: {_INSTALL_HINT}"
