@@ -3,7 +3,9 @@
 Runs ``taspo-train --config <recipe>`` in a subprocess from this checkout, with an empty model cache (its own
 ``TASPO_TRL_CACHE``, so the embedded model is converted and the shipped warm start merged on the way, as on a
 fresh machine) and a fresh output folder, and records the wall time of the whole command, the peak resident memory
-of the training process, the precision line and every ``[step ...]`` line.
+of the training process, the precision line and every ``[step ...]`` line. The same machine's pace varies (shared
+hosts), so the matmul throughput of a prefill-shaped product in the compute dtype is measured just before the run
+and recorded next to the wall time.
 
     python benchmarks/quickstart_time.py                               # the README's TASPO quickstart
     python benchmarks/quickstart_time.py --recipe alfworld_grpo_cpu --out outputs/quickstart_time.json
@@ -22,9 +24,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from taspo_trl.precision import cpu_computes_bf16
 from taspo_trl.provenance import provenance, source_commit
+
+from decode_pace import matmul_throughput  # this folder's
 from taspo_trl.recipes import find_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,13 +63,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="outputs/quickstart_time.json")
     args, extra = parser.parse_known_args(argv)
     commit = source_commit(__file__)
+    dtype = torch.bfloat16 if cpu_computes_bf16() else torch.float32
+    # 2,310 prompt tokens through SmolLM2-135M's MLP: the prefill's shape (decode_pace.py measures the same)
+    pace = {"matmul_tflop_s": round(matmul_throughput(2310, 576, 1536, dtype), 3), "matmul_dtype": str(dtype)}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         measured = run_quickstart(args.recipe, extra, Path(tmp))
-    result = {"recipe": args.recipe, "extra_arguments": extra, **measured,
+    result = {"recipe": args.recipe, "extra_arguments": extra, **measured, **pace,
               "provenance": provenance(argv, __file__, commit=commit)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{measured['seconds']:.0f} s, max RSS {measured['max_rss_gb']:.1f} GB; {measured['precision']}")
+    print(f"{measured['seconds']:.0f} s, max RSS {measured['max_rss_gb']:.1f} GB, matmul {pace['matmul_tflop_s']} "
+          f"TFLOP/s before the run; {measured['precision']}")
     print("\n".join(measured["step_lines"]))
     return result
 

@@ -351,12 +351,15 @@ def _wall_and_precision(run: dict[str, Any]) -> tuple[str, str]:
 
 
 def quickstart(*results: dict[str, Any]) -> str:
-    """The README's first command from a fresh clone: wall time, peak memory, precision and step lines per run."""
-    lines = ["| command | wall time | max RSS | precision |", "|---|---|---|---|"]
+    """The README's first command from a fresh clone: wall time, peak memory, precision, the machine's matmul pace
+    just before it, and step lines per run."""
+    lines = ["| command | wall time | max RSS | precision | matmul TFLOP/s before the run |", "|---|---|---|---|---|"]
     for r in results:
         command = " ".join(["taspo-train --config", r["recipe"], *r["extra_arguments"]])
         wall, precision = _wall_and_precision(r)
-        lines.append(f"| `{command}` | {wall} | {r['max_rss_gb']:.1f} GB | {precision} |")
+        pace = f"{r['matmul_tflop_s']:.2f} ({r['matmul_dtype'].removeprefix('torch.')})" if "matmul_tflop_s" in r \
+            else "not recorded"
+        lines.append(f"| `{command}` | {wall} | {r['max_rss_gb']:.1f} GB | {precision} | {pace} |")
     for r in results:
         lines += ["", "```text", *r["step_lines"], "```"]
     return "\n".join(lines)

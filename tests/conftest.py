@@ -69,8 +69,14 @@ def load_benchmark():
     import importlib.util
     from pathlib import Path
 
+    import sys
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    if str(folder) not in sys.path:  # as when the script runs: its own folder first, for the scripts it imports
+        sys.path.insert(0, str(folder))
+
     def load(name: str):
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        path = folder / f"{name}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
