@@ -35,7 +35,6 @@ from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.warmstart import (
     WARM_STARTS,
     build_environment,
-    data_sha256,
     fingerprint,
     revalidate_shipped,
     shipped_warm_start_dir,
@@ -59,14 +58,14 @@ def build(name: str, out: Path, bf16: bool | None) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="warm-start-build-") as work:
         adapter = Path(work) / "adapter"
-        examples = train_warm_start(spec, Path(work) / "model", Path(work) / "games", bf16=precision.bf16,
-                                    adapter_dir=adapter)
+        examples, rows_hash = train_warm_start(spec, Path(work) / "model", Path(work) / "games",
+                                               bf16=precision.bf16, adapter_dir=adapter)
         out.mkdir(parents=True, exist_ok=True)
         for file in ADAPTER_FILES:
             shutil.copyfile(adapter / file, out / file)
     record = {"name": name, "fingerprint": fingerprint(spec), "examples": examples,
               "build_seconds": round(time.perf_counter() - started, 1), "built_with": build_environment(precision.bf16),
-              "data_sha256": data_sha256(spec)}
+              "data_sha256": rows_hash}
     (out / "warm_start.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 

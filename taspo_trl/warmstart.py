@@ -28,9 +28,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .cache_manifest import adopt_or_check, write_manifest
 from .models import (
@@ -306,10 +307,10 @@ def _build(name: str, spec: WarmStart, target: Path, wanted: dict[str, object], 
     work = owned_temporary_dir(target)
     try:
         model_dir = work / "model"
-        examples = train_warm_start(spec, model_dir, work / "games", bf16=precision.bf16)
+        examples, rows_hash = train_warm_start(spec, model_dir, work / "games", bf16=precision.bf16)
         seconds = time.perf_counter() - started
         record = {"name": name, "fingerprint": wanted, "examples": examples, "build_seconds": round(seconds, 1),
-                  "built_with": build_environment(precision.bf16)}
+                  "built_with": build_environment(precision.bf16), "data_sha256": rows_hash}
         _swap_into_place(model_dir, target, record)
         print(f"taspo_trl: {name} built in {seconds:.0f}s from {examples} demonstration turns", file=sys.stderr, flush=True)
     finally:
@@ -346,16 +347,23 @@ def save_adapter(model: Any, base_model: str, adapter_dir: Path) -> None:
     config.save_pretrained(str(adapter_dir))
 
 
+class TrainedWarmStart(NamedTuple):
+    """What a build trained on: its number of training rows and the ``data_sha256`` of its first SFT rows."""
+
+    examples: int
+    data_sha256: str
+
+
 def train_warm_start(
     spec: WarmStart, out_dir: Path, games_dir: Path, bf16: bool = False, adapter_dir: Path | None = None
-) -> int:
+) -> TrainedWarmStart:
     """SFT of ``spec.base_model`` on the expert's demonstrations (under bf16 autocast if ``bf16``), then, with
     ``spec.relabel_episodes_per_task``, a DAgger round on the expert's corrections of the SFT policy's own
     episodes; with ``spec.delta_rank``, the update of each linear layer truncated to that rank
     (``low_rank_update_adapter``) and, with ``spec.heal_epochs``, trained further as that adapter. Saves model and
     tokenizer to ``out_dir`` (with an adapter: the base model with the adapter, saved to ``adapter_dir``, default
     ``out_dir``'s sibling ``adapter``, merged in) and returns the number of training rows (demonstration turns and
-    corrections)."""
+    corrections) with the hash of the demonstration rows it trained on (what ``data_sha256`` replays to check)."""
     import torch
     from datasets import concatenate_datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -369,6 +377,7 @@ def train_warm_start(
     settings = _sft_settings(spec, out_dir.parent / "sft", bf16)
     config = AgentSFTConfig(**settings, num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
     dataset, rows = demonstration_data(spec, games_dir, tokenizer, config)
+    trained_rows_sha256 = rows_sha256(dataset)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     trainer = AgentSFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                               peft_config=_lora_config(spec, model.config.num_hidden_layers))
@@ -390,7 +399,7 @@ def train_warm_start(
                               learning_rate=spec.heal_learning_rate) if spec.heal_epochs else None
         model = _keep_to_rank(model, spec, heal, dataset, tokenizer)
     _save_trained(model, tokenizer, spec, out_dir, adapter_dir or out_dir.parent / "adapter")
-    return len(dataset)
+    return TrainedWarmStart(len(dataset), trained_rows_sha256)
 
 
 def _sft_settings(spec: WarmStart, sft_dir: Path, bf16: bool) -> dict[str, Any]:
@@ -461,13 +470,18 @@ def data_sha256(spec: WarmStart) -> str:
     from .trainers.sft import AgentSFTConfig
 
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path(spec.base_model)))
-    digest = hashlib.sha256()
     with tempfile.TemporaryDirectory(prefix="taspo-warm-start-data-") as work:
         config = AgentSFTConfig(**_sft_settings(spec, Path(work) / "sft", bf16=False),
                                 num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
         dataset, _ = demonstration_data(spec, Path(work) / "games", tokenizer, config)
-        for row in dataset:
-            digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+        return rows_sha256(dataset)
+
+
+def rows_sha256(dataset: Iterable[Mapping[str, Any]]) -> str:
+    """SHA-256 of SFT rows in order, each as sorted-key JSON on its own line."""
+    digest = hashlib.sha256()
+    for row in dataset:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n")
     return digest.hexdigest()
 
 

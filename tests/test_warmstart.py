@@ -291,7 +291,9 @@ def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_
     trained = AutoModelForCausalLM.from_pretrained(built)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert any((a - b).abs().max() > 0 for a, b in zip(trained.parameters(), base.parameters()))
-    examples = warmstart.train_warm_start(lora, tmp_path / "model", tmp_path / "games", bf16=False, adapter_dir=shipped)
+    examples, rows_hash = warmstart.train_warm_start(lora, tmp_path / "model", tmp_path / "games", bf16=False,
+                                                     adapter_dir=shipped)
+    assert rows_hash == warmstart.data_sha256(lora)  # the rows it trained on are the ones a replay plays again
     (shipped / "warm_start.json").write_text(json.dumps({"name": NAME, "fingerprint": warmstart.fingerprint(lora),
                                                           "examples": examples}))
     monkeypatch.setattr(warmstart, "_SHIPPED", tmp_path / "package")
