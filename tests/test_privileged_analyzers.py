@@ -396,7 +396,7 @@ def _configured_body(server, tmp_path, **settings) -> dict:
         analyzer_max_retries=0, analyzer_api_key_env="", **settings,  # a local server needs no key
     ))
     server.script([{"match": "hello", "responses": [{"content": "ok"}]}])
-    assert make_analyzer(args).complete(MESSAGES) == "ok"
+    assert make_analyzer(args, args.environment).complete(MESSAGES) == "ok"
     (body,) = server.bodies()
     assert (body["model"], body["messages"], body["temperature"]) == ("replay-model", MESSAGES, 0.0)
     return body
@@ -488,4 +488,22 @@ def test_the_openai_analyzer_without_the_openai_package_names_the_extra(tmp_path
         analyzer_api_key_env="",
     ))
     with pytest.raises(ImportError, match=r"pip install 'taspo-trl\[openai\]'.*analyzer: rule"):
-        make_analyzer(args)
+        make_analyzer(args, args.environment)
+
+
+def test_a_named_rule_set_reads_every_request_with_it():
+    group = kitchen_group()
+    successes = {i: t for i, t in enumerate(group) if t.won}
+    messages = extraction_messages(extraction_payload(successes, max_items=12))
+    by_syntax = RuleBasedAnalyzer().complete(messages)
+    assert json.loads(by_syntax)["items"]  # the kitchen's ALFWorld commands give items
+    assert RuleBasedAnalyzer("alfworld").complete(messages) == by_syntax
+    # WebShop's rules look for a purchase path (search, product click, buy): an ALFWorld success has none
+    assert json.loads(RuleBasedAnalyzer("webshop").complete(messages))["items"] == []
+
+
+def test_an_environment_without_rules_is_refused_with_the_fix(tmp_path):
+    with pytest.raises(ValueError, match=r"'alfworld', 'webshop', 'search' only, not for environment 'lockers'"):
+        RuleBasedAnalyzer("lockers")
+    with pytest.raises(ValueError, match=r"analyzer_rules must be one of \('alfworld', 'webshop', 'search'\)"):
+        TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_rules="kitchen"))

@@ -52,3 +52,28 @@ def test_env_module_that_cannot_be_imported_stops_before_training(tiny_model_dir
     with pytest.raises(SystemExit, match="--env_module no_such_module_here.*PYTHONPATH"):
         train_main(["--env_module", "no_such_module_here", "--environment", "lockers",
                     "--model_name_or_path", tiny_model_dir, "--output_dir", "unused", *CPU])
+
+
+def test_rule_analyzer_on_an_environment_it_has_no_rules_for_is_refused_before_training(tmp_path, tiny_model_dir):
+    from taspo_trl.cli import build_trainer
+
+    argv = ["--env_module", "user_env", "--environment", "lockers", "--model_name_or_path", tiny_model_dir,
+            "--output_dir", str(tmp_path / "run"), "--max_tasks", "2", "--max_turns", "2", "--max_steps", "1",
+            "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8", *CPU]
+    # TASPO's aligned PI is written by the analyzer: the ALFWorld rules would read the lockers' actions as nothing
+    with pytest.raises(ValueError, match=r"analyzer='rule'.*not for environment 'lockers'.*analyzer='openai'.*"
+                                         r"analyzer_rules"):
+        build_trainer([*argv, "--method", "taspo"])
+    named = build_trainer([*argv, "--method", "taspo", "--analyzer_rules", "alfworld"])
+    assert named.analyzer.environment == "alfworld"
+    assert build_trainer([*argv, "--method", "gigpo"]).analyzer is None  # its credit needs no analyzer
+
+
+def test_a_built_in_environment_names_its_rule_set(tmp_path, tiny_model_dir):
+    from taspo_trl.cli import build_trainer
+
+    trainer = build_trainer(["--environment", "search", "--method", "taspo", "--model_name_or_path", tiny_model_dir,
+                             "--output_dir", str(tmp_path / "run"), "--max_tasks", "2", "--max_turns", "2",
+                             "--per_device_train_batch_size", "2", "--num_generations", "2",
+                             "--max_completion_length", "8", *CPU])
+    assert trainer.environment_name == "search" and trainer.analyzer.environment == "search"

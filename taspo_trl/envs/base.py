@@ -20,7 +20,7 @@ Optional attributes an environment may define (the agent loop reads them with de
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
@@ -33,6 +33,12 @@ def normalize_command(command: str) -> str:
     """A command as environments compare it with the commands they accept: single spaces, no outer whitespace,
     lowercase (a policy's ``Go to  Drawer 1`` is ``go to drawer 1``)."""
     return " ".join(command.split()).lower()
+
+
+def matching_command(command: str, accepted: Sequence[str]) -> str:
+    """The accepted command that ``command`` names as ``normalize_command`` compares them, else ``command``."""
+    wanted = normalize_command(command)
+    return next((c for c in accepted if normalize_command(c) == wanted), command)
 
 
 @dataclass

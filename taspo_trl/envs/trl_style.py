@@ -223,6 +223,8 @@ class TRLStyleEnvFactory:
                 ) from None
         self.environment_factory = environment_factory
         self.name = environment_class.__name__
+        # The registered environment inside, when ``as_trl_environment`` wrapped one by name; else None.
+        self.environment_name: str | None = getattr(environment_factory, "environment_name", None)
         self.has_reward = callable(getattr(probe, "get_reward", None))
         self.tool_schemas = schemas
         self.action_tag = ACTION_TAG
@@ -407,7 +409,9 @@ def as_trl_environment(environment: str | EnvFactory, max_turns: int | None = No
         factory = environment
     else:
         raise TypeError(f"as_trl_environment takes an environment name or an EnvFactory, got {environment!r}.")
-    return functools.partial(TRLEnvironment, factory, max_turns=max_turns)
+    made = functools.partial(TRLEnvironment, factory, max_turns=max_turns)
+    made.environment_name = environment if isinstance(environment, str) else None  # read by TRLStyleEnvFactory
+    return made
 
 
 def refuse_ignored_trainer_arguments(

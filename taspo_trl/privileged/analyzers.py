@@ -778,6 +778,19 @@ class _SearchQARules:
 
 
 _ALFWORLD, _WEBSHOP, _SEARCH_QA = _ALFWorldRules(), _WebShopRules(), _SearchQARules()
+RULE_SETS: dict[str, _Rules] = {"alfworld": _ALFWORLD, "webshop": _WEBSHOP, "search": _SEARCH_QA}
+"""The rule-based analyzer's rule sets, by the name of the built-in environment whose actions they read."""
+
+
+def unknown_rule_set(environment: str | None) -> str:
+    """Why the rule-based analyzer cannot serve ``environment`` (None: an environment given as a factory), and
+    the fix."""
+    which = f"environment {environment!r}" if environment else "an environment passed as a factory"
+    return (
+        f"the rule-based analyzer (analyzer='rule') has rules for {', '.join(map(repr, RULE_SETS))} only, not for "
+        f"{which}: set analyzer='openai' (any OpenAI-compatible server) or analyzer='transformers' (a local model), "
+        "or analyzer_rules to one of those names if your environment uses its actions."
+    )
 
 
 def _rules_for(actions: Iterable[str]) -> _Rules:
@@ -794,8 +807,8 @@ class RuleBasedAnalyzer:
     """The embedded, deterministic analyzer: reads the same JSON payloads and answers in the same JSON format as
     an LLM analyzer would, so its output passes through the same parser and evidence checks.
 
-    It knows ALFWorld, WebShop and Search-QA, telling them apart by their action syntax (see the rule sets
-    above). Extraction items are ranked by how many successes support them. Alignment keeps an item when every
+    It knows ALFWorld, WebShop and Search-QA: the trainers name the rule set of their environment; constructed
+    without one, it tells them apart by their action syntax (see the rule sets above). Extraction items are ranked by how many successes support them. Alignment keeps an item when every
     thing its source actions refer to (ALFWorld's objects and receptacles, WebShop's products and option values)
     also appears in the target's own records, and quotes the target: its action naming most of those things,
     else an observation naming them; for an item that names nothing, its own action of the same kind, else the
@@ -806,6 +819,16 @@ class RuleBasedAnalyzer:
     """
 
     workers = 1
+
+    def __init__(self, environment: str | None = None) -> None:
+        """``environment``: the rule set (``RULE_SETS``) to read every request with; None tells the built-in
+        environments apart by each request's action syntax (Search-QA blocks, WebShop brackets, else ALFWorld)."""
+        if environment is not None and environment not in RULE_SETS:
+            raise ValueError(unknown_rule_set(environment))
+        self.environment = environment
+
+    def _rules(self, actions: Iterable[str]) -> _Rules:
+        return RULE_SETS[self.environment] if self.environment else _rules_for(actions)
 
     def complete(self, messages: Messages) -> str:
         """Answer an extraction or alignment request (the last user message holds the JSON payload)."""
@@ -829,7 +852,7 @@ class RuleBasedAnalyzer:
     def extract(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         """Items (as JSON dicts) from an extraction payload."""
         successes = payload["successes"]
-        rules = _rules_for(step["action"] for success in successes for step in success["steps"])
+        rules = self._rules(step["action"] for success in successes for step in success["steps"])
         kept = rules.extract(payload["task"].lower(), successes)
         kept.sort(key=lambda c: (-len(c.refs), c.rank))
         return [c.as_item(f"E{n + 1}") for n, c in enumerate(kept[: payload.get("max_items", len(kept))])]
@@ -858,7 +881,7 @@ class RuleBasedAnalyzer:
         observations = [s["pre_observation"] for s in steps[:1]] + [s["post_observation"] for s in steps]
         records = " ".join([payload["task"], *actions, *observations])
         items = payload["allowed_evidence"]
-        rules = _rules_for([a for item in items for a in item.get("source_actions", [])] + actions)
+        rules = self._rules([a for item in items for a in item.get("source_actions", [])] + actions)
         applicable = []
         for item in items:
             sources = item.get("source_actions", [])

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PI_SOURCES = ("aligned", "nearest_success", "random_success", "generic_skill", "success_skills")
-_ANALYZER_SOURCES = ("aligned", "success_skills")
+ANALYZER_SOURCES = ("aligned", "success_skills")
 SkillLookup = Callable[[str, "str | None"], str]
 _RENDERED_OBSERVATION_CHARS = 100
 
@@ -154,7 +154,7 @@ class _Settings:
     def check(self, analyzer: Analyzer | None) -> None:
         if self.source not in PI_SOURCES:
             raise ValueError(f"unknown PI source {self.source!r}; choose one of {', '.join(PI_SOURCES)}")
-        if self.source in _ANALYZER_SOURCES and analyzer is None:
+        if self.source in ANALYZER_SOURCES and analyzer is None:
             raise ValueError(f"the {self.source!r} PI source needs an analyzer (e.g. RuleBasedAnalyzer())")
         if self.max_step_skills < 0:
             raise ValueError(f"max_step_skills must be >= 0, got {self.max_step_skills}")
@@ -257,7 +257,7 @@ def _split_groups(trajectories: Sequence[Trajectory], group_size: int) -> list[l
 
 
 def _build_groups(groups: list[list[Trajectory]], analyzer: Analyzer | None, settings: _Settings) -> list[GroupPI]:
-    if settings.source not in _ANALYZER_SOURCES and not settings.max_step_skills:
+    if settings.source not in ANALYZER_SOURCES and not settings.max_step_skills:
         return [_with_step_skills(_ablation_group(g, group, settings), []) for g, group in enumerate(groups)]
     per_target = {"aligned": _align, "success_skills": _success_skills}.get(settings.source)
     jobs = [(g, i) for g, group in enumerate(groups) for i in range(len(group))]

@@ -19,10 +19,12 @@ from ..rollout.records import Trajectory
 from .analyzers import (
     REASONING_MODES,
     REASONING_PARAMS,
+    RULE_SETS,
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
     TransformersAnalyzer,
     reasoning_request_fields,
+    unknown_rule_set,
 )
 from .builder import PI_SOURCES, build_batch
 from .skillbank import SkillBank
@@ -50,6 +52,9 @@ class PrivilegedContextConfig:
         analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline; ALFWorld, WebShop and
             Search-QA), `"openai"` (any OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's
             setting) or `"transformers"` (a local model, `analyzer_model`).
+        analyzer_rules (`str` or `None`, defaults to `None`): the `"rule"` analyzer's rule set, `"alfworld"`,
+            `"webshop"` or `"search"`; `None` = the trainer's environment. An environment of your own (registered,
+            or passed as a factory) has none: name the built-in one whose actions it uses, or use an LLM analyzer.
         analyzer_model (`str` or `None`): model name for `"openai"`, path or id for `"transformers"`.
         analyzer_base_url (`str` or `None`): endpoint of the OpenAI-compatible server.
         analyzer_api_key_env (`str`, defaults to `"OPENAI_API_KEY"`): environment variable holding the API key;
@@ -79,6 +84,9 @@ class PrivilegedContextConfig:
 
     pi_source: str = field(default="aligned", metadata={"help": "PI construction (Table 2)."})
     analyzer: str = field(default="rule", metadata={"help": "'rule', 'openai' or 'transformers'."})
+    analyzer_rules: str | None = field(
+        default=None, metadata={"help": "Rule set of the 'rule' analyzer (None: the trainer's environment's)."}
+    )
     analyzer_model: str | None = field(default=None, metadata={"help": "Analyzer model name/path."})
     analyzer_base_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible endpoint."})
     analyzer_api_key_env: str = field(default="OPENAI_API_KEY", metadata={"help": "Env var with the API key."})
@@ -118,6 +126,8 @@ class PrivilegedContextConfig:
             raise ValueError(f"pi_source must be one of {PI_SOURCES}, got {self.pi_source!r}.")
         if self.analyzer not in ANALYZERS:
             raise ValueError(f"analyzer must be one of {ANALYZERS}, got {self.analyzer!r}.")
+        if self.analyzer_rules is not None and self.analyzer_rules not in RULE_SETS:
+            raise ValueError(f"analyzer_rules must be one of {tuple(RULE_SETS)} or None, got {self.analyzer_rules!r}.")
         if self.analyzer == "openai" and not (self.analyzer_base_url and self.analyzer_model):
             raise ValueError(
                 "analyzer='openai' needs analyzer_base_url (e.g. https://api.deepseek.com or "
@@ -132,10 +142,18 @@ class PrivilegedContextConfig:
             raise ValueError("analyzer='transformers' needs analyzer_model (a local path or model id).")
 
 
-def make_analyzer(args: Any) -> Any:
-    """The configured analyzer backend (A.2) of a config that includes ``PrivilegedContextConfig``."""
+def make_analyzer(args: Any, environment: str | None, needed: bool = True) -> Any:
+    """The configured analyzer backend (A.2) of a config that includes ``PrivilegedContextConfig``, for a trainer on
+    ``environment`` (a registered name; None for an environment passed as a factory). The ``"rule"`` analyzer reads
+    with the rule set of ``analyzer_rules``, else of ``environment``; where it has none, a trainer that ``needed``
+    an analyzer is refused with the fix, and one that did not gets None."""
     if args.analyzer == "rule":
-        return RuleBasedAnalyzer()
+        rules = args.analyzer_rules or environment
+        if rules in RULE_SETS:
+            return RuleBasedAnalyzer(rules)
+        if needed:
+            raise ValueError(unknown_rule_set(rules))
+        return None
     if args.analyzer == "transformers":
         return TransformersAnalyzer(
             args.analyzer_model, max_new_tokens=args.analyzer_max_tokens, reasoning=args.analyzer_reasoning

@@ -30,6 +30,7 @@ from trl.trainer.utils import use_adapter
 from ..credit.baselines import GIGPO_NORMS
 from ..credit.distillation import teacher_version
 from ..credit.registry import CREDIT_METHODS, CreditMethod, OutcomeBatch, TeacherGaps, get_credit
+from ..privileged.builder import ANALYZER_SOURCES
 from ..privileged.context import (
     PRIVILEGED_DICT_FIELDS,
     Guidance,
@@ -234,7 +235,11 @@ class BaselineTrainer(AgentGRPOTrainer):
         self._tag_names = [*self._tag_names, method.name]
         # The card links the method's own paper, not the GRPO paper inherited from TRL.
         self._paper = {"title": method.paper, "id": method.paper_id} if method.paper_id else {}
-        self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
+        if analyzer is None:
+            writes_guidance = self.args.pi_source in ANALYZER_SOURCES or (
+                method.step_skills and self.args.opid_max_step_skills > 0)
+            analyzer = make_analyzer(self.args, self.environment_name, needed=method.teacher == "self" and writes_guidance)
+        self.analyzer = analyzer
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
         self.teacher_model = teacher_model
         if self.teacher_model is None and self._needs_frozen_copy():

@@ -367,6 +367,10 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         self.chat = ChatFormat(self.processing_class, tools=tools)
         self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
         self.env_factory = trl_env or env_factory or get_env_factory(args.environment)
+        # Its registered name, for what is known by name (the rule-based analyzer's rules); None for a factory.
+        self.environment_name = trl_env.environment_name if trl_env is not None else args.environment
+        if env_factory is not None and env_factory is not _registered_factory(args.environment):
+            self.environment_name = None
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
         self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
         self._env_error_streak = 0
@@ -876,6 +880,14 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
     def close(self) -> None:
         self.env_pool.shutdown()
+
+
+def _registered_factory(name: str) -> EnvFactory | None:
+    """The factory registered as environment ``name``, or None."""
+    try:
+        return get_env_factory(name)
+    except ValueError:
+        return None
 
 
 def _with_verified_reward(reward_funcs: Any) -> list[Any]:

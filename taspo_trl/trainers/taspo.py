@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..credit.taspo import clipped_action_score, taspo_fallback_reason, taspo_token_weights, taspo_weights
+from ..privileged.builder import ANALYZER_SOURCES
 from ..privileged.context import (
     PRIVILEGED_DICT_FIELDS,
     PrivilegedContextConfig,
@@ -91,7 +92,9 @@ class TASPOTrainer(AgentGRPOTrainer):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, TASPOConfig):
             raise TypeError(f"TASPOTrainer needs a TASPOConfig, got {type(self.args).__name__}.")
-        self.analyzer = analyzer if analyzer is not None else make_analyzer(self.args)
+        if analyzer is None:
+            analyzer = make_analyzer(self.args, self.environment_name, needed=self.args.pi_source in ANALYZER_SOURCES)
+        self.analyzer = analyzer
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
 
     def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..base import StepResult, encode_task_prompt, normalize_command
+from ..base import StepResult, encode_task_prompt, matching_command
 from .engine import open_engine
 from .tasks import TASK_TYPES, add_task_to_grammar, describe_task
 
@@ -158,8 +158,7 @@ class ALFWorldEnv:
         if self._done:
             return StepResult(self._last_observation, 0.0, True, self._info(truncated=not self._won))
         command = action if isinstance(action, str) else ""
-        wanted = normalize_command(command)
-        command = next((c for c in self._admissible if normalize_command(c) == wanted), command)
+        command = matching_command(command, self._admissible)
         state, _, _ = self._engine.step(command)
         self._turns += 1
         self._won = bool(state["won"])

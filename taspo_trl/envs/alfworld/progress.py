@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..base import matching_command
 from .engine import open_engine
 
 
@@ -30,15 +31,16 @@ def goal_distances(game: Mapping[str, Any], commands: Sequence[str]) -> list[int
     """Planner distances to the goal before the first command and after each one (``len(commands) + 1`` values).
 
     ``commands`` are sent exactly as the agent loop sends them: a turn without a valid action block is ``""``,
-    which the game answers with "Nothing happens." and leaves the state as it was. A state from which the planner
-    finds no plan gets ``None``.
+    which the game answers with "Nothing happens." and leaves the state as it was; a command that names an
+    admissible one in other case or spacing plays that one, as ``ALFWorldEnv.step`` does. A state from which the
+    planner finds no plan gets ``None``.
     """
     engine = open_engine(game, with_plan=True)
     try:
         state = engine.reset()
         distances = [_distance(state)]
         for command in commands:
-            state, _, _ = engine.step(command)
+            state, _, _ = engine.step(matching_command(command, state["admissible_commands"]))
             distances.append(_distance(state))
     finally:
         engine.close()
