@@ -480,7 +480,8 @@ CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
-CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the shipped 240-game warm start, fresh games, bf16
+CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the previous 240-game warm start, fresh games, bf16
+CREDIT_QUALITY_SHIPPED = "credit_quality_alfworld_bf16.json"  # the shipped warm start (240 games + corrections), bf16
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval_240_games.json", "warm_start_eval.json")  # two warm starts ago, the previous one, the shipped one
 PI_SPECIFICITY = ("pi_specificity_240_games.json", "pi_specificity_240_games_unseen.json",  # the previous warm start
                   "pi_specificity.json", "pi_specificity_unseen.json")  # the shipped one
@@ -489,7 +490,9 @@ LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --s
 QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
-    ("Credit quality with the shipped 240-game warm start", (CREDIT_QUALITY_240,), credit_quality),
+    ("Credit quality with the shipped warm start (240 games + corrections)", (CREDIT_QUALITY_SHIPPED,),
+     credit_quality),
+    ("Credit quality with the previous 240-game warm start", (CREDIT_QUALITY_240,), credit_quality),
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_BF16), credit_replication),
     ("Credit quality under bf16 autocast, every method", (CREDIT_QUALITY_BF16,), credit_quality),
@@ -576,10 +579,14 @@ def _summary_warm_start(*results: dict[str, Any]) -> str:
 
 
 SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
-    ("Credit quality on ALFWorld with the shipped 240-game warm start (sampled siblings on games it never saw, bf16): "
-     "verdict won / failed", (CREDIT_QUALITY_240,), "credit-quality-with-the-shipped-240-game-warm-start",
+    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16; AlignOPSD "
+     "not rescored yet): verdict won / failed", (CREDIT_QUALITY_SHIPPED,),
+     "credit-quality-with-the-shipped-warm-start-240-games-corrections", _summary_verdicts),
+    ("Credit quality on ALFWorld with the previous 240-game warm start (sampled siblings on games it never saw, bf16): "
+     "verdict won / failed", (CREDIT_QUALITY_240,), "credit-quality-with-the-previous-240-game-warm-start",
      _summary_verdicts),
-    ("Credit quality on ALFWorld with the previous six-game warm start (sampled siblings): verdict won / failed, from "
+    ("Credit quality on ALFWorld with the six-game warm start, two warm starts ago (sampled siblings): verdict won / "
+     "failed, from "
      "the AUC of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
      (CREDIT_QUALITY,), "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
     ("Credit quality on ALFWorld replayed in another precision: (method, pool) verdicts that hold",

@@ -26,7 +26,7 @@ def test_committed_results_page_matches_the_json(page):
 def test_readme_results_table_matches_the_json(page):
     readme = page.README.read_text(encoding="utf-8")
     assert page.with_readme_table(readme, page.render_readme_table()) == readme, "run python benchmarks/results_page.py"
-    alfworld = next(line for line in readme.splitlines() if line.startswith("| Credit quality on ALFWorld with the previous"))
+    alfworld = next(line for line in readme.splitlines() if line.startswith("| Credit quality on ALFWorld with the six-game"))
     methods = json.loads((page.RESULTS / page.CREDIT_QUALITY).read_text())["methods"]
     named = set(re.findall(r"(\w+)(?=[,:] )", alfworld.split(" | ")[1]))
     assert named == set(methods) - {"grpo"}
