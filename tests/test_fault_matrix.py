@@ -781,10 +781,10 @@ def test_damaged_warm_start_is_rebuilt_with_a_warning(tmp_path, monkeypatch, cap
 
     builds = []
 
-    def train(spec, out_dir: Path, games_dir: Path, bf16: bool | None = None) -> int:  # a stand-in for the SFT
+    def train(spec, out_dir: Path, games_dir: Path, bf16: bool | None = None):  # a stand-in for the SFT
         builds.append(out_dir)
         shutil.copytree(tiny_model_dir, out_dir)
-        return 1
+        return warmstart.TrainedWarmStart(examples=1, data_sha256="0" * 64)
 
     monkeypatch.setenv("TASPO_TRL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(warmstart, "train_warm_start", train)
