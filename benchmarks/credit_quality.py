@@ -112,6 +112,8 @@ from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_p
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
+from results_page import seed_ranges  # the script beside this one (its folder is on the path)
+
 DEFAULT_MODELS = {"alfworld": "embedded:smollm2-135m-alfworld", "webshop": "embedded", "search": "embedded"}
 ENVIRONMENTS = tuple(DEFAULT_MODELS)
 SIBLINGS = ("sampled", "scripted", "mixed")
@@ -437,8 +439,8 @@ def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str
             raise SystemExit(f"--leave-out: cannot read the seeds of {spec!r}; write METHOD@SEEDS as alignopsd@1-2 "
                              "or alignopsd@0,3.") from None
         if set(seeds) - set(played):
-            unplayed = _seed_ranges(sorted(set(seeds) - set(played)))
-            raise SystemExit(f"--leave-out: {file} played no batch with seed {unplayed} (its seeds: {_seed_ranges(played)}).")
+            unplayed = seed_ranges(sorted(set(seeds) - set(played)))
+            raise SystemExit(f"--leave-out: {file} played no batch with seed {unplayed} (its seeds: {seed_ranges(played)}).")
         if set(seeds) == set(played):
             run["settings"]["methods"] = [m for m in run["settings"]["methods"] if m != method]
         batches = [b for b, seed in enumerate(played) if seed in seeds]
@@ -451,7 +453,7 @@ def _leave_out(runs: list[tuple[dict[str, Any], Path]], left_out: list[tuple[str
 
 
 def _parse_seed_ranges(text: str) -> list[int]:
-    """``"0-2, 4"`` or ``"0-2,4"`` as ``[0, 1, 2, 4]``: the inverse of ``_seed_ranges``."""
+    """``"0-2, 4"`` or ``"0-2,4"`` as ``[0, 1, 2, 4]``: the inverse of ``results_page.seed_ranges``."""
     seeds = []
     for span in text.split(","):
         bounds = span.strip().split("-")
@@ -461,56 +463,28 @@ def _parse_seed_ranges(text: str) -> list[int]:
     return seeds
 
 
-def _seed_ranges(seeds: list[int]) -> str:
-    """``[0, 1, 2, 4]`` as ``"0-2, 4"``."""
-    ranges: list[list[int]] = []
-    for seed in sorted(set(seeds)):
-        if ranges and seed == ranges[-1][1] + 1:
-            ranges[-1][1] = seed
-        else:
-            ranges.append([seed, seed])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+def _precision_fields(args: argparse.Namespace, batches: int) -> dict[str, Any]:
+    """A run's ``precision`` ("bf16 autocast" or "float32") and ``precision_reasons``: why it was chosen, with the
+    batches (their seeds) it played and the methods it scored (GRPO only where it scored nothing else)."""
+    precision = choose_precision(args.bf16, use_cpu=True)
+    methods = [m for m in args.methods if m != "grpo"] or ["grpo"]
+    return {"precision": "bf16 autocast" if precision.bf16 else "float32",
+            "precision_reasons": [{"reason": precision.reason, "seeds": [args.seed + b for b in range(batches)],
+                                   "methods": methods}]}
 
 
-def _precision_reasons(run: dict[str, Any]) -> list[tuple[str, list[int], list[str]]]:
-    """(why the precision was chosen, the seeds played so, the methods scored so) for each part of a run; a merge
-    of runs that chose it for different reasons wrote them as ``float32 (seeds 0-4: auto: ...; seeds 5-6: set by
-    bf16: false)``, or, where the parts scored other methods on the same seeds, ``float32 (seeds 0-3 for taspo,
-    gigpo: auto: ...; seeds 0-3 for rlsd, opid: set by bf16: false)``."""
-    reason = run["precision"].partition(" (")[2][:-1]
-    methods = [m for m in run["settings"]["methods"] if m != "grpo"] or ["grpo"]
-    if not reason.startswith(("seed ", "seeds ")):
-        return [(reason or "reason not recorded", [batch["seed"] for batch in run["per_batch"]], methods)]
-    parts = []
-    for part in reason.split("; "):
-        scope, _, text = part.partition(" ")[2].partition(": ")
-        spans, _, named = scope.partition(" for ")
-        parts.append((text, _parse_seed_ranges(spans), named.split(", ") if named else methods))
-    return parts
-
-
-def _merged_precision(runs: list[tuple[dict[str, Any], Path]]) -> str:
-    """The runs' precision; where they agree on it but chose it for different reasons (auto on a CPU without bf16
-    instructions, ``--no-bf16`` on one with them), each reason with the seeds it played, and with the methods it
-    scored where two reasons share a seed, so none is misstated."""
+def _merged_precision_reasons(runs: list[tuple[dict[str, Any], Path]]) -> list[dict[str, Any]]:
+    """The runs' ``precision_reasons`` pooled by reason (the precision itself must agree; the reason may differ:
+    auto on a CPU without bf16 instructions, ``--no-bf16`` on one with them), each with every seed it played and
+    method it scored, in the order of their first seed."""
     by_reason: dict[str, tuple[set[int], set[str]]] = {}
     for run, _ in runs:
-        for reason, seeds, methods in _precision_reasons(run):
-            known_seeds, known_methods = by_reason.setdefault(reason, (set(), set()))
-            known_seeds.update(seeds)
-            known_methods.update(methods)
-    if len(by_reason) == 1:
-        return runs[0][0]["precision"]
-    every_seed = [seed for seeds, _ in by_reason.values() for seed in seeds]
-    shared_seed = len(every_seed) > len(set(every_seed))
-
-    def scope(seeds: set[int], methods: set[str]) -> str:
-        played = f"seed{'s' * (len(seeds) > 1)} {_seed_ranges(sorted(seeds))}"
-        return f"{played} for {', '.join(m for m in METHODS if m in methods)}" if shared_seed else played
-
-    parts = sorted(by_reason.items(), key=lambda item: min(item[1][0]))
-    return runs[0][0]["precision"].partition(" (")[0] + " (" + "; ".join(
-        f"{scope(seeds, methods)}: {reason}" for reason, (seeds, methods) in parts) + ")"
+        for part in run["precision_reasons"]:
+            seeds, methods = by_reason.setdefault(part["reason"], (set(), set()))
+            seeds.update(part["seeds"])
+            methods.update(part["methods"])
+    return [{"reason": reason, "seeds": sorted(seeds), "methods": [m for m in METHODS if m in methods]}
+            for reason, (seeds, methods) in sorted(by_reason.items(), key=lambda item: min(item[1][0]))]
 
 
 def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | None,
@@ -531,9 +505,9 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
                                  f"{first['settings'].get(key)!r}; only runs of one setting can be pooled.")
         if run["warm_start_fingerprint"] != first["warm_start_fingerprint"]:
             raise SystemExit(f"--merge: {path} and {first_path} used different warm starts (their fingerprints differ).")
-        if run["precision"].split()[0] != first["precision"].split()[0]:
-            raise SystemExit(f"--merge: {path} ran in {run['precision'].split()[0]} but {first_path} in "
-                             f"{first['precision'].split()[0]}; pool runs of one precision.")
+        if run["precision"] != first["precision"]:
+            raise SystemExit(f"--merge: {path} ran in {run['precision']} but {first_path} in {first['precision']}; "
+                             "pool runs of one precision.")
     batches = _merge_batches(runs)
     seeds = sorted(batches)
     methods = [m for m in METHODS if any(m in batches[seed]["entry"]["methods"] for seed in seeds)]
@@ -554,7 +528,8 @@ def merge(paths: list[Path], out_dir: Path, resamples: int, argv: list[str] | No
         "settings": {**first["settings"], "seed": seeds[0], "batches": len(seeds), "methods": methods,
                      "out": str(out_dir), "merge": [str(p) for p in paths], "resamples": resamples,
                      "leave_out": [list(pair) for pair in left_out]},
-        "precision": _merged_precision(runs),
+        "precision": first["precision"],
+        "precision_reasons": _merged_precision_reasons(runs),
         "warm_start_fingerprint": first["warm_start_fingerprint"],
         "batch": _batch_summary([t["advantage"] for t in trajectories], won, trajectories),
         "seconds": [batches[seed]["seconds"] for seed in seeds],
@@ -708,7 +683,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     starts = [sum(len(batch["won"]) for batch in batches[:b]) for b in range(len(batches) + 1)]
     results: dict[str, Any] = {
         "settings": {**vars(args), "model_path": model, "games": list(names.values())},
-        "precision": choose_precision(args.bf16, use_cpu=True).description,
+        **_precision_fields(args, len(batches)),
         "warm_start_fingerprint": warm_start_fingerprint(model),
         "batch": _batch_summary(advantages, won, labels),
         "seconds": [batch["seconds"] for batch in batches],

@@ -107,7 +107,7 @@ def credit_quality(result: dict[str, Any]) -> str:
     """Per method, the AUC of the action weights against the planner's progress labels."""
     summary = result["batch"]
     settings = result["settings"]
-    precision = result.get("precision") or ("bf16 autocast" if settings.get("bf16") else "float32")
+    precision = _precision_text(result)
     counted = (f"({summary['trajectories']} trajectories, {summary['won']} won, {summary['nonzero_advantage']} with a "
                "non-zero advantage)")
     if settings.get("env", "alfworld") == "alfworld":
@@ -161,8 +161,32 @@ def _verdict(entry: dict[str, Any], pool: str) -> str:
 
 
 def _precision(result: dict[str, Any]) -> str:
-    """The run's precision without the reason it was chosen (files older than that field ran bf16 autocast)."""
-    return (result.get("precision") or "bf16 autocast").split(" (")[0]
+    """The run's precision, "bf16 autocast" or "float32" (files older than that field ran bf16 autocast)."""
+    return result.get("precision") or "bf16 autocast"
+
+
+def seed_ranges(seeds: list[int]) -> str:
+    """``[0, 1, 2, 4]`` as ``"0-2, 4"``."""
+    ranges: list[list[int]] = []
+    for seed in sorted(set(seeds)):
+        if ranges and seed == ranges[-1][1] + 1:
+            ranges[-1][1] = seed
+        else:
+            ranges.append([seed, seed])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
+
+
+def _precision_text(result: dict[str, Any]) -> str:
+    """The run's precision with why it was chosen; where its parts chose it for different reasons, each reason with
+    the seeds it played (and the methods it scored where two reasons share a seed)."""
+    reasons = result.get("precision_reasons") or []
+    seeds = [seed for part in reasons for seed in part["seeds"]]
+    shared = len(seeds) > len(set(seeds))
+    if len(reasons) == 1:
+        return f"{_precision(result)} ({reasons[0]['reason']})"
+    parts = [f"seed{'s' * (len(part['seeds']) > 1)} {seed_ranges(part['seeds'])}"
+             + (f" for {', '.join(part['methods'])}" if shared else "") + f": {part['reason']}" for part in reasons]
+    return _precision(result) + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _what_differs(first: dict[str, Any], *others: dict[str, Any]) -> str:
@@ -202,7 +226,7 @@ def _replicated_verdicts(*results: dict[str, Any]) -> list[tuple[str, str, list[
 
 def credit_replication(*results: dict[str, Any]) -> str:
     """Each method's verdict per pool in every run, and whether it holds across them."""
-    labels = [f"{r['settings']['batches']} batches, {r.get('precision') or 'bf16 autocast'}, "
+    labels = [f"{r['settings']['batches']} batches, {_precision_text(r)}, "
               f"{r['provenance']['date'][:10]}" for r in results]
     lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
              f"played again {_what_differs(*results)}. A verdict that changes between the runs is not a finding.", "",

@@ -41,7 +41,9 @@ def test_mixed_siblings_smoke(credit_quality, tiny_model_dir, tmp_path):
     # GRPO moves no weight: its interval is the point 0.5 and no trajectory's weights moved
     assert results["methods"]["grpo"]["intervals"]["success"]["auc"] == {"estimate": 0.5, "low": 0.5, "high": 0.5}
     assert results["methods"]["grpo"]["moved"]["success"] == 0.0
-    assert results["bootstrap"]["resamples"] == 50 and results["precision"].startswith(("float32 (", "bf16 autocast ("))
+    assert results["bootstrap"]["resamples"] == 50 and results["precision"] in ("float32", "bf16 autocast")
+    [why] = results["precision_reasons"]  # one run: one reason, for its one batch and the method it scored
+    assert why["seeds"] == [0] and why["methods"] == ["gigpo"] and why["reason"]
     assert results["provenance"]["command"].startswith("python benchmarks/credit_quality.py")
 
 
@@ -84,9 +86,10 @@ def test_methods_share_a_teacher_pass_only_under_identical_contexts(credit_quali
     assert second._teacher_scores([], guidance) == guidance and second.passes == 1  # same turns, other contexts
 
 
-def _run_file(path, seed, trajectories, *, method="taspo", precision="float32 (auto)", fingerprint="abc", **settings):
+def _run_file(path, seed, trajectories, *, method="taspo", precision=("float32", "auto"), fingerprint="abc",
+              **settings):
     """A result file of one batch (``seed``) holding ``trajectories`` (group, won, ``method``'s weights, labels),
-    scored by GRPO and ``method``."""
+    scored by GRPO and ``method``, in ``precision`` (the precision, why it was chosen)."""
     records = [
         {"game": f"task-{g}", "group": [0, g], "won": won, "advantage": 1.0 if won else -1.0, "progress": labels,
          "commands": ["look"] * len(labels), "weights": {"grpo": [1.0] * len(labels), method: weights}}
@@ -95,7 +98,8 @@ def _run_file(path, seed, trajectories, *, method="taspo", precision="float32 (a
     run = {
         "settings": {"env": "search", "model": "embedded", "siblings": "scripted", "methods": ["grpo", method],
                      "seed": seed, "batches": 1, "tasks": 2, "out": str(path.parent), **settings},
-        "precision": precision, "warm_start_fingerprint": fingerprint,
+        "precision": precision[0], "precision_reasons": [{"reason": precision[1], "seeds": [seed], "methods": [method]}],
+        "warm_start_fingerprint": fingerprint,
         "seconds": [{"rollout_and_grpo": 1.0, method: 2.0}], "methods": {"grpo": {}, method: {}},
         "per_batch": [{"seed": seed, "trajectories": len(records), "methods": {"grpo": {"auc": 0.5}, method: {"auc": 0.7}}}],
         "trajectories": records,
@@ -126,7 +130,7 @@ def test_merge_pools_the_batches_of_two_runs_by_hand(credit_quality, tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"seed": 0}, "seed 0 is scored by \[.taspo.\] in both"),
     ({"tasks": 3}, "tasks=3"),
-    ({"precision": "bf16 autocast (auto)"}, "ran in bf16"),
+    ({"precision": ("bf16 autocast", "auto")}, "ran in bf16 autocast"),
     ({"fingerprint": "def"}, "different warm starts"),
 ])
 def test_merge_refuses_runs_that_are_not_parts_of_one_setting(credit_quality, tmp_path, change, message):
@@ -143,32 +147,29 @@ def test_merge_keeps_each_parts_reason_for_its_precision(credit_quality, tmp_pat
     # float32 chosen automatically on a CPU without bf16 instructions (seeds 0, 1) and by --no-bf16 on one with them
     # (seed 2): one precision, pooled, with both reasons kept and the seeds each covers.
     one = [(0, True, [1.0], [True])]
-    auto, forced = "float32 (auto: no bf16 here)", "float32 (set by bf16: false)"
+    auto, forced = ("float32", "auto: no bf16 here"), ("float32", "set by bf16: false")
     parts = [_run_file(tmp_path / f"{seed}.json", seed, one, precision=precision)
              for seed, precision in ((0, auto), (2, forced), (1, auto))]
     merged = credit_quality.main(["--merge", *map(str, parts), "--out", str(tmp_path / "m"), "--resamples", "20"])
-    assert merged["precision"] == "float32 (seeds 0-1: auto: no bf16 here; seed 2: set by bf16: false)"
+    assert merged["precision"] == "float32"
+    assert merged["precision_reasons"] == [{"reason": "auto: no bf16 here", "seeds": [0, 1], "methods": ["taspo"]},
+                                           {"reason": "set by bf16: false", "seeds": [2], "methods": ["taspo"]}]
     # merged again with another automatic part, the reasons are read back and the seeds regrouped
     later = _run_file(tmp_path / "4.json", 4, one, precision=auto)
     again = credit_quality.main(["--merge", str(tmp_path / "m" / "credit_quality.json"), str(later),
                                  "--out", str(tmp_path / "m2"), "--resamples", "20"])
-    assert again["precision"] == "float32 (seeds 0-1, 4: auto: no bf16 here; seed 2: set by bf16: false)"
-    # parts that agree keep their text as it was
+    assert [(p["reason"], p["seeds"]) for p in again["precision_reasons"]] == [("auto: no bf16 here", [0, 1, 4]),
+                                                                              ("set by bf16: false", [2])]
+    # parts that agree keep one reason
     same = credit_quality.main(["--merge", str(parts[0]), str(parts[2]), "--out", str(tmp_path / "m3"),
                                 "--resamples", "20"])
-    assert same["precision"] == auto
-    # a two-word precision keeps both words
-    bf16 = [_run_file(tmp_path / f"b{seed}.json", seed, one, precision=precision)
-            for seed, precision in ((0, "bf16 autocast (auto: avx512_bf16)"), (1, "bf16 autocast (set by bf16: true)"))]
-    mixed = credit_quality.main(["--merge", *map(str, bf16), "--out", str(tmp_path / "m4"), "--resamples", "20"])
-    assert mixed["precision"] == "bf16 autocast (seed 0: auto: avx512_bf16; seed 1: set by bf16: true)"
-    # other methods scored on the same seeds for another reason: each reason names its methods, and reads back
+    assert same["precision_reasons"] == [{"reason": "auto: no bf16 here", "seeds": [0, 1], "methods": ["taspo"]}]
+    # other methods scored on the same seeds for another reason: each reason keeps its methods
     taspo = [_run_file(tmp_path / f"t{seed}.json", seed, one, precision=auto) for seed in (0, 1)]
     gigpo = [_run_file(tmp_path / f"g{seed}.json", seed, one, method="gigpo", precision=forced) for seed in (0, 1)]
     joined = credit_quality.main(["--merge", *map(str, taspo + gigpo), "--out", str(tmp_path / "m5"), "--resamples", "20"])
-    assert joined["precision"] == ("float32 (seeds 0-1 for taspo: auto: no bf16 here; "
-                                   "seeds 0-1 for gigpo: set by bf16: false)")
-    assert [reason[2] for reason in credit_quality._precision_reasons(joined)] == [["taspo"], ["gigpo"]]
+    assert joined["precision_reasons"] == [{"reason": "auto: no bf16 here", "seeds": [0, 1], "methods": ["taspo"]},
+                                           {"reason": "set by bf16: false", "seeds": [0, 1], "methods": ["gigpo"]}]
 
 
 def test_merge_joins_other_methods_scored_on_the_same_batch(credit_quality, tmp_path):

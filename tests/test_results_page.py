@@ -141,23 +141,27 @@ def test_replication_says_whether_each_verdict_holds(page):
 
 
 def _replication_run(precision, cpu_flags, fingerprint, taspo_failed_interval):
-    """A two-method run whose GRPO verdicts are 'no credit moved' and whose TASPO verdicts follow the intervals."""
+    """A two-method run whose GRPO verdicts are 'no credit moved' and whose TASPO verdicts follow the intervals;
+    ``precision`` is (the precision, why it was chosen)."""
     def entry(moved, won, failed):
         return {"moved": {"success": moved, "failed": moved},
                 "intervals": {"success": {"auc": dict(zip(("low", "high"), won))},
                               "failed": {"auc": dict(zip(("low", "high"), failed))}},
                 "scores": {"success": {"auc": sum(won) / 2}, "failed": {"auc": sum(failed) / 2}}}
-    return {"settings": {"batches": 3}, "precision": precision, "warm_start_fingerprint": fingerprint,
+    mode, reason = precision
+    return {"settings": {"batches": 3}, "precision": mode,
+            "precision_reasons": [{"reason": reason, "seeds": [0, 1, 2], "methods": ["taspo"]}],
+            "warm_start_fingerprint": fingerprint,
             "provenance": {"date": "2026-12-04 18:00 UTC", "cpu_model": "AMD EPYC", "cpu_flags": cpu_flags},
             "methods": {"grpo": entry(0.0, (0.5, 0.5), (0.5, 0.5)),
                         "taspo": entry(0.9, (0.55, 0.75), taspo_failed_interval)}}
 
 
 def test_replication_names_what_differs_and_counts_the_verdicts_that_hold(page):
-    float32 = _replication_run("float32 (auto: no bf16)", ["avx2"], "abc", (0.30, 0.45))
-    bf16 = _replication_run("bf16 autocast (set by bf16: true)", ["avx2", "avx512_bf16"], "abc", (0.40, 0.60))
+    float32 = _replication_run(("float32", "auto: no bf16"), ["avx2"], "abc", (0.30, 0.45))
+    bf16 = _replication_run(("bf16 autocast", "set by bf16: true"), ["avx2", "avx512_bf16"], "abc", (0.40, 0.60))
     assert "played again on another CPU and in another precision." in page.credit_replication(float32, bf16)
-    same_cpu = _replication_run("bf16 autocast (auto)", ["avx2"], "xyz", (0.30, 0.45))
+    same_cpu = _replication_run(("bf16 autocast", "auto"), ["avx2"], "xyz", (0.30, 0.45))
     assert "played again with another build of the warm start and in another precision." in page.credit_replication(
         float32, same_cpu)
     assert "with the same CPU, warm start and precision" in page.credit_replication(float32, float32)
@@ -171,8 +175,8 @@ def test_replication_names_what_differs_and_counts_the_verdicts_that_hold(page):
 def test_a_merge_is_placed_on_the_cpus_that_played_its_parts_not_the_one_that_merged_them(page):
     avx2 = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2"]}
     bf16_cpu = {"cpu_model": "AMD EPYC", "cpu_flags": ["avx2", "avx512_bf16"]}
-    float32 = _replication_run("float32 (auto: no bf16)", ["avx2"], "abc", (0.30, 0.45))
-    bf16 = _replication_run("bf16 autocast (auto)", ["avx2", "avx512_bf16"], "abc", (0.30, 0.45))
+    float32 = _replication_run(("float32", "auto: no bf16"), ["avx2"], "abc", (0.30, 0.45))
+    bf16 = _replication_run(("bf16 autocast", "auto"), ["avx2", "avx512_bf16"], "abc", (0.30, 0.45))
     # seeds 0-4 played on the AVX2 box and merged there, seeds 5-6 played and merged on the bf16 box
     float32["provenance"] = {**bf16_cpu, "date": "2026-12-05 10:00 UTC", "commit": "f00", "command": "merge all",
                              "merged_from": [
@@ -242,3 +246,17 @@ def test_pi_specificity_of_two_policies_names_each_column_and_summary_by_its_lab
     assert summary.startswith("before, `train`: 0.18 under its own guidance") and "after, `train`: 0.75" in summary
     alone = page.pi_specificity(before, before)  # one policy: the columns name only the split
     assert "| `train`, own guidance | `train`, foreign |" in alone and "before," not in alone
+
+
+def test_a_precision_chosen_for_several_reasons_reads_with_the_seeds_of_each(page):
+    def run(*reasons):
+        return {"precision": "float32", "precision_reasons": [
+            {"reason": reason, "seeds": seeds, "methods": methods} for reason, seeds, methods in reasons]}
+
+    assert page._precision_text(run(("auto: no bf16 here", [0, 1, 2], ["taspo"]))) == "float32 (auto: no bf16 here)"
+    assert page._precision_text(run(("auto: no bf16 here", [0, 1, 4], ["taspo"]), ("set by bf16: false", [2], ["taspo"]))) \
+        == "float32 (seeds 0-1, 4: auto: no bf16 here; seed 2: set by bf16: false)"
+    # two reasons on the same seeds: each names the methods it scored
+    assert page._precision_text(run(("auto", [0, 1], ["taspo", "gigpo"]), ("set by bf16: false", [0, 1], ["rlsd"]))) \
+        == "float32 (seeds 0-1 for taspo, gigpo: auto; seeds 0-1 for rlsd: set by bf16: false)"
+    assert page._precision_text({"precision": "bf16 autocast"}) == "bf16 autocast"  # a file without reasons
