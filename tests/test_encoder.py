@@ -294,7 +294,7 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_local_cache(encoder, tmp_path,
     line saying nothing is downloaded."""
     import shutil
 
-    from taspo_trl.privileged.encoder import resolve_model_path
+    from taspo_trl.privileged.encoder import resolve_encoder_path
 
     cache = tmp_path / "hub"
     repo = cache / "models--someone--mini-encoder"
@@ -304,10 +304,10 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_local_cache(encoder, tmp_path,
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
-    assert resolve_model_path("someone/mini-encoder") == (repo / "snapshots" / commit).resolve()
+    assert resolve_encoder_path("someone/mini-encoder") == (repo / "snapshots" / commit).resolve()
     texts = ["go to the sinkbasin", "clean the fork"]
     from_cache = SentenceEncoder(model_path="someone/mini-encoder")
     torch.testing.assert_close(from_cache.encode(texts), encoder.encode(texts), atol=1e-6, rtol=0)
     with pytest.raises(FileNotFoundError) as info:
-        resolve_model_path("someone/not-downloaded")
+        resolve_encoder_path("someone/not-downloaded")
     assert "nor in the local Hugging Face cache" in str(info.value) and "hf download someone/not-downloaded" in str(info.value)

@@ -224,6 +224,18 @@ def test_a_lora_output_loads_evaluates_and_trains_further(tmp_path, tiny_model_d
         further.close()
 
 
+def test_the_trainer_takes_a_model_by_the_names_the_cli_takes(tmp_path, embedded_model_path):
+    """As TRL takes a hub id, the trainers take this package's model names: "embedded" loads the converted embedded
+    model (as ``taspo-train``'s ``model_name_or_path: embedded`` does), a path loads as it is."""
+    by_name = AgentGRPOTrainer(model="embedded", args=_config(tmp_path / "a", "turn"), train_dataset=_dataset(1),
+                               env_factory=locker_factory)
+    try:
+        assert by_name.model.name_or_path == embedded_model_path
+        assert by_name.model.config.num_hidden_layers == 30  # SmolLM2-135M, not a stand-in
+    finally:
+        by_name.close()
+
+
 def test_a_trl_prompt_dataset_is_refused_before_the_model_loads(tmp_path):
     """A standard TRL dataset (prompt + answer) under the default ALFWorld environment would start no episode
     and train on reward 0; it is refused in one line naming the fixes."""

@@ -808,14 +808,14 @@ class RuleBasedAnalyzer:
     an LLM analyzer would, so its output passes through the same parser and evidence checks.
 
     It knows ALFWorld, WebShop and Search-QA: the trainers name the rule set of their environment; constructed
-    without one, it tells them apart by their action syntax (see the rule sets above). Extraction items are ranked by how many successes support them. Alignment keeps an item when every
-    thing its source actions refer to (ALFWorld's objects and receptacles, WebShop's products and option values)
-    also appears in the target's own records, and quotes the target: its action naming most of those things,
-    else an observation naming them; for an item that names nothing, its own action of the same kind, else the
-    task. Step skills (OPID) are the applicable items, in item order, each placed at the target's first step
-    still without one whose action is one of the item's source actions as the rule set reads them (same kind, same
-    things: "go to fridge 1" for "Go to the fridge before ..."), else at the step its quote comes from; at most
-    ``max_step_skills``.
+    without one, it tells them apart by their action syntax (see the rule sets above). Extraction items are ranked
+    by how many successes support them. Alignment keeps an item when every thing its source actions refer to
+    (ALFWorld's objects and receptacles, WebShop's products and option values) also appears in the target's own
+    records, and quotes the target: its action naming most of those things, else an observation naming them; for an
+    item that names nothing, its own action of the same kind, else the task. Step skills (OPID) are the applicable
+    items, in item order, each placed at the target's first step still without one whose action is one of the item's
+    source actions as the rule set reads them (same kind, same things: "go to fridge 1" for "Go to the fridge before
+    ..."), else at the step its quote comes from; at most ``max_step_skills``.
     """
 
     workers = 1

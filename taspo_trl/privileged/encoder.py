@@ -123,7 +123,7 @@ def _check_shipped_files(path: Path) -> None:
                       f"{DEFAULT_ENCODER_PIP})")
 
 
-def resolve_model_path(model_path: str | os.PathLike | None = None) -> Path:
+def resolve_encoder_path(model_path: str | os.PathLike | None = None) -> Path:
     """``model_path`` as an absolute existing folder (the embedded default when None). A Hub id
     (``Qwen/Qwen3-Embedding-0.6B``) that is not a local folder resolves to its snapshot in the local Hugging Face
     cache, as ``*_name_or_path`` settings do; nothing is downloaded."""
@@ -229,7 +229,7 @@ class SentenceEncoder:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         _require_sentence_transformers()
-        self.model_path = resolve_model_path(model_path)
+        self.model_path = resolve_encoder_path(model_path)
         self.device = str(device)
         self.batch_size = int(batch_size)
         self.prefix = prefix
@@ -313,7 +313,7 @@ class LastTokenEncoder:
     def __init__(self, model_path: str | os.PathLike, device: str = "cpu", batch_size: int = 4, max_length: int = 4096):
         if batch_size < 1 or max_length < 1:
             raise ValueError(f"batch_size and max_length must be >= 1, got {batch_size}, {max_length}")
-        self.model_path = resolve_model_path(model_path)
+        self.model_path = resolve_encoder_path(model_path)
         self.device, self.batch_size, self.max_length = str(device), int(batch_size), int(max_length)
         self._loaded: tuple[Any, Any] | None = None
 
@@ -366,7 +366,7 @@ def get_encoder(
     """The process-wide shared encoder for these settings (created once, loaded lazily): a
     :class:`SentenceEncoder` for a sentence-transformers folder (``modules.json``; the embedded default), a
     :class:`LastTokenEncoder` for a plain ``transformers`` model folder (``config.json`` only)."""
-    path = resolve_model_path(model_path)
+    path = resolve_encoder_path(model_path)
     key = (str(path), str(device), int(batch_size), prefix)
     with _LOCK:
         encoder = _ENCODERS.get(key)
@@ -389,5 +389,5 @@ __all__ = [
     "default_model_path",
     "get_encoder",
     "last_token_pool",
-    "resolve_model_path",
+    "resolve_encoder_path",
 ]

@@ -48,7 +48,6 @@ from ..envs.trl_style import (
     tool_call_tag,
 )
 from ..model_card import AgentModelCard
-from ..models import is_adapter_folder, merged_adapter_model
 from ..precision import resolve_config_precision
 from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
@@ -63,21 +62,14 @@ from ..run_contract import (
     check_run_settings,
     run_length_notes,
 )
+from ..warmstart import resolve_policy_path
 from .packing import merge, micro_batch_sizes, repack
 from .reward_checks import checked_reward_funcs
 from .sampling import EpochReplaySampler
 from .step import LastStep, StepView
+from .trl_config import adopt_activation_checkpointing
 
 logger = logging.getLogger(__name__)
-
-
-def adopt_activation_checkpointing(config: Any) -> None:
-    """Move a TRL config's ``gradient_checkpointing`` to ``activation_checkpointing`` before its ``__post_init__``.
-
-    TRL defaults the deprecated alias to True, so transformers would print a FutureWarning for every config;
-    setting the new name first means the same, silently."""
-    if getattr(config, "activation_checkpointing", False) is None:
-        config.activation_checkpointing = config.gradient_checkpointing
 
 
 @dataclass
@@ -313,7 +305,8 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
     TRL's `environment_factory=` is taken with TRL's meaning and played by the agent loop
     (`taspo_trl.envs.trl_style`). `reward_funcs` are added to the environment's verified reward
     (`environment_reward`, last in `reward_weights`) and receive, besides TRL's arguments and the row's columns,
-    `env_reward`, `won`, `task_type` and `num_turns` per trajectory.
+    `env_reward`, `won`, `task_type` and `num_turns` per trajectory. A `model` given as a string may also be one of
+    this package's names (`embedded`, a warm start's, a LoRA run's output folder; `warmstart.resolve_policy_path`).
     """
 
     _tag_names = ["trl", "grpo", "taspo-trl", "agent"]
@@ -342,8 +335,8 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
             check_generation_batch(args, len(train_dataset))
         for note in run_length_notes(args):
             logger.warning(note)
-        if isinstance(model, str) and is_adapter_folder(model):  # a LoRA run's output: go on from its merged policy
-            model = merged_adapter_model(model)
+        if isinstance(model, str):  # "embedded", a warm start's name, a LoRA run's output folder, a hub id or a path
+            model = resolve_policy_path(model, bf16=args.bf16)
         trl_env = TRLStyleEnvFactory(environment_factory) if environment_factory is not None else None
         if trl_env is not None:
             train_dataset, eval_dataset = keep_prompt_column(train_dataset), keep_prompt_column(eval_dataset)

@@ -38,7 +38,7 @@ from ..rollout.env_pool import EnvPool
 from ..rollout.generation import TransformersGenerator
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
-from .grpo import adopt_activation_checkpointing
+from .trl_config import adopt_activation_checkpointing
 
 
 @dataclass
