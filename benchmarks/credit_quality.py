@@ -62,8 +62,8 @@ runs that differ in another setting, the precision or the warm start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
-Not scored: Skill-GRPO (GRPO's credit; it changes the policy's prompt, hence the rollouts) and OPD (needs a larger
-teacher model).
+Every registered credit method is scored but those of ``NOT_SCORED`` (Skill-GRPO: GRPO's credit, with a prompt that
+changes the rollouts; OPD: it needs a larger teacher model).
 
     python benchmarks/credit_quality.py --model embedded --siblings scripted
     python benchmarks/credit_quality.py --env webshop --methods grpo taspo gigpo
@@ -87,7 +87,7 @@ from typing import Any
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
+from taspo_trl import AgentGRPOTrainer
 from taspo_trl.credit.quality import (
     LabelledAction,
     action_weights,
@@ -109,7 +109,8 @@ from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
-from taspo_trl.trainers import BaselineConfig, BaselineTrainer
+from taspo_trl.credit.registry import CREDIT_METHODS
+from taspo_trl.trainers import BaselineConfig, BaselineTrainer, method_classes
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
 from results_page import seed_ranges  # the script beside this one (its folder is on the path)
@@ -131,20 +132,16 @@ def _defaults(key: str, skip: str = "") -> str:
 QUICK = {"batches": 1, "task_types": ["pick_and_place_simple", "pick_clean_then_place_in_recep"], "tasks": 4,
          "resamples": 200}
 
-METHODS: dict[str, tuple[type, type, dict[str, Any]]] = {
-    "grpo": (AgentGRPOConfig, AgentGRPOTrainer, {}),
-    "taspo": (TASPOConfig, TASPOTrainer, {}),
-    "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer, {}),
-    **{
-        name: (BaselineConfig, BaselineTrainer, {"baseline": name})
-        for name in ("gigpo", "rlsd", "opid", "stepopsd", "opsd", "grpo_opsd", "sdar", "skill_sd")
-    },
-}
-"""Method name -> (config class, trainer class, config settings). GRPO comes first: its trainer plays the batch."""
+NOT_SCORED = {"skill_grpo": "GRPO's credit; it changes the policy's prompt, hence the rollouts",
+              "opd": "needs a larger teacher model"}
+METHODS = tuple(name for name in ("grpo", "taspo", "alignopsd", *CREDIT_METHODS) if name not in NOT_SCORED)
+"""The methods scored: the trainers' own and every registered credit method but ``NOT_SCORED``. GRPO comes first: its
+trainer plays the batch."""
 
 
 def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int | None = None) -> Any:
-    config_class, _, settings = METHODS[method]
+    config_class, _ = method_classes(method)
+    settings = {"baseline": method} if config_class is BaselineConfig else {}
     return config_class(
         output_dir=str(out_dir / method),
         per_device_train_batch_size=args.group_size,
@@ -279,7 +276,7 @@ def _method_credit(
     seed: int, memo: dict,
 ) -> list[list[float | list[float]]]:
     """``method``'s per-turn advantages on the played batch, from a trainer of its own on the same weights."""
-    _, trainer_class, _ = METHODS[method]
+    _, trainer_class = method_classes(method)
     trainer = trainer_class(model=model, args=_config(method, out_dir, args, seed), train_dataset=dataset)
     trainer.model.train()  # a training step's mode: metrics and group sizes read it
     if isinstance(trainer, BaselineTrainer):
