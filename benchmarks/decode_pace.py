@@ -13,7 +13,8 @@ an in-place KV cache and the compute-dtype copy, drawing with ``sample_rows``, d
 own forward, which must sample the same tokens. The three alternate, ``--reps`` times each, and the medians are
 reported. Today's sampler draws other tokens for a seed than ``generate`` (another exact
 draw from the same distribution); one more call with ``generate``'s draw checks that it then samples the same
-tokens as before.
+tokens as before. Last, a profiled call says where today's decode step spends its operator time (``decode_op_shares``:
+linear layers, attention, the rest).
 
     python benchmarks/decode_pace.py                     # bf16 autocast where the CPU computes bf16, else float32
     python benchmarks/decode_pace.py --bf16 false        # float32
@@ -117,6 +118,7 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
             runs[name]["step"].append((many - one) / (args.new_tokens - 1))
     with drawing_as_generate():
         _, samples["after, generate's draw"] = time_sampler(generator, batch_prompts, args.new_tokens)
+    shares = decode_op_shares(generator, batch_prompts, args.new_tokens)
     for name in runs:
         runs[name] = {key: runs[name][key][1:] for key in runs[name]}
     bandwidth = read_bandwidth(args.read_gib)
@@ -143,10 +145,34 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
             "prefill_tflop_s": round(2 * _parameters(model) * prompt_tokens / prefill / 1e12, 3),
             "decode_ms_all": [round(s * 1e3, 2) for s in run["step"]],
         }
+    result["decode_op_shares"] = shares  # of today's sampler (after)
     result["decode_speedup"] = round(result["before"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
     result["fused_step_speedup"] = round(
         result["unfused"]["decode_ms_per_step"] / result["after"]["decode_ms_per_step"], 2)
     return result
+
+
+OP_KINDS = {"linear layers": ("linear", "aten::mm", "aten::addmm"), "attention": ("scaled_dot_product", "attention")}
+"""How ``decode_op_shares`` sorts the operators by name: the first kind a name contains a fragment of; else "other"."""
+
+
+def decode_op_shares(generator: Any, batch_prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Where a decode step of today's sampler spends its operator time: the profiler's self CPU time per operator in
+    a call of ``new_tokens`` steps minus that in a call of 1 (the prefill), summed by ``OP_KINDS``, as shares of the
+    total. Python between the operators is not in it (the step's wall time is)."""
+    from torch.profiler import profile
+
+    per_op = []
+    for tokens in (1, new_tokens):
+        with profile() as profiled:
+            time_sampler(generator, batch_prompts, tokens)
+        per_op.append({event.key: event.self_cpu_time_total for event in profiled.key_averages()})
+    kinds = {kind: 0.0 for kind in (*OP_KINDS, "other")}
+    for name, micros in per_op[1].items():
+        kind = next((k for k, fragments in OP_KINDS.items() if any(f in name for f in fragments)), "other")
+        kinds[kind] += max(micros - per_op[0].get(name, 0.0), 0.0)
+    total = sum(kinds.values()) or 1.0
+    return {kind: round(micros / total, 3) for kind, micros in kinds.items()}
 
 
 @contextmanager
@@ -209,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run = result[name]
         print(f"{name:>7}: decode {run['decode_ms_per_step']} ms a step ({run['times_the_limit']}x the limit), "
               f"prefill {run['prefill_tokens_per_s']} tokens/s ({run['prefill_tflop_s']} TFLOP/s)")
+    shares = result["decode_op_shares"]
+    print("after: a decode step's operator time: " + ", ".join(f"{kind} {share:.0%}" for kind, share in shares.items()))
     print(f"decode speed-up x{result['decode_speedup']} (the fused step's share x{result['fused_step_speedup']}, the "
           f"same samples with and without it: {result['same_samples_with_and_without_the_fused_step']}); with "
           "generate's draw (torch.multinomial) the same samples for the seed: "

@@ -408,7 +408,10 @@ def decode_pace(*results: dict[str, Any]) -> str:
                   f"the same samples for a seed as before: {'yes' if r['same_samples_with_generates_draw'] else 'NO'}."
                   + (f" `unfused` is `after` without the fused decode step, which decodes x{r['fused_step_speedup']} "
                      f"faster with the same samples: {'yes' if r['same_samples_with_and_without_the_fused_step'] else 'NO'}."
-                     if "unfused" in r else "")]
+                     if "unfused" in r else "")
+                  + (" A decode step's operator time (`after`): " + ", ".join(
+                      f"{kind} {share:.0%}" for kind, share in r["decode_op_shares"].items()) + "."
+                     if "decode_op_shares" in r else "")]
     return "\n".join(lines)
 
 

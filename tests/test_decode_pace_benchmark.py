@@ -19,5 +19,8 @@ def test_the_sampler_before_and_after_are_timed_against_the_limit(load_benchmark
     assert result["weight_read_limit_ms"] > 0 and result["read_bandwidth_gb_s"] > 0
     assert set(result["before"]) == set(result["after"]) >= {"decode_ms_per_step", "times_the_limit"}
     assert len(result["after"]["decode_ms_all"]) == 1  # the warm-up round is not kept
+    shares = result["decode_op_shares"]  # where a decode step's operator time goes
+    assert set(shares) == {"linear layers", "attention", "other"} and abs(sum(shares.values()) - 1) < 0.01
+    assert shares["linear layers"] > 0 and shares["attention"] > 0
     assert generation.growing_cache is cache and generation.sample_rows is draw  # both samplers are put back
     assert result["provenance"]["command"].startswith("python benchmarks/decode_pace.py --model")
