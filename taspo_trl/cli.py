@@ -73,8 +73,7 @@ def say(message: str, stream: Any = None) -> None:
 
 
 def _method_config_class(method: str) -> type:
-    from .credit.registry import CREDIT_METHODS
-    from .trainers import CONFIGS, method_classes
+    from .trainers import method_classes, method_names
     from .trainers.sft import AgentSFTConfig
 
     if method == "sft":
@@ -82,7 +81,7 @@ def _method_config_class(method: str) -> type:
     try:
         return method_classes(method)[0]
     except KeyError:
-        known = sorted({*CONFIGS, *CREDIT_METHODS, "sft"})
+        known = sorted({*method_names(), "sft"})
         raise SystemExit(f"taspo-train: unknown method {method!r}; choose one of {known}.") from None
 
 

@@ -20,9 +20,9 @@ class AgentScriptArguments:
     """What to train on, beyond the trainer config (whose `environment` field names the benchmark).
 
     Parameters:
-        method (`str`, defaults to `"grpo"`): credit method, a key of `taspo_trl.trainers.CONFIGS` or a name
-            registered with `taspo_trl.credit.registry.register_credit`, or `sft` for a warm start on the
-            environment's expert demonstrations (TRL's `SFTTrainer`).
+        method (`str`, defaults to `"grpo"`): credit method, one of `taspo_trl.trainers.method_names()` (the
+            trainers' own and every name registered with `taspo_trl.credit.registry.register_credit`), or `sft` for a
+            warm start on the environment's expert demonstrations (TRL's `SFTTrainer`).
         games_dir (`str`): ALFWorld game folder; generated there with the embedded generator when it holds no
             `.tw-pddl` file. Official games (`$ALFWORLD_DATA/json_2.1.1/train`) work the same way.
         games_per_type (`int`, defaults to `2`): generated games per task family when generating.
@@ -51,7 +51,7 @@ class AgentScriptArguments:
             holds `checkpoint-*` folders unless the run resumes (`--resume_from_checkpoint`) or this is set.
     """
 
-    method: str = field(default="grpo", metadata={"help": "Credit method: a key of taspo_trl.trainers.CONFIGS, a registered name, or sft."})
+    method: str = field(default="grpo", metadata={"help": "Credit method: one of taspo_trl.trainers.method_names(), or sft."})
     games_dir: str = field(default="outputs/alfworld_games/train", metadata={"help": "ALFWorld game folder."})
     games_per_type: int = field(default=2, metadata={"help": "Generated games per task family."})
     games_seed: int = field(default=0, metadata={"help": "Generator seed."})

@@ -561,18 +561,21 @@ def test_losses_are_zero_outside_mask_even_with_nan_teacher():
 
 def test_registry_holds_the_comparison_methods_and_each_is_reachable_from_a_config(tmp_path):
     # A registered name that no BaselineConfig selects would be a method users cannot run.
-    from taspo_trl.trainers.baselines import BASELINES, BaselineConfig
+    from taspo_trl.trainers import BaselineConfig, method_classes, method_names
 
-    assert set(BASELINES) <= set(CREDIT_METHODS)
+    comparison = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid", "gigpo", "stepopsd")
+    assert set(comparison) <= set(CREDIT_METHODS)
+    assert set(method_names()) == {"grpo", "taspo", "alignopsd", *CREDIT_METHODS}  # what `method:` takes
+    assert all(method_classes(name)[0] is BaselineConfig for name in comparison)
     for name, method in CREDIT_METHODS.items():
         teacher = {"teacher_model_name_or_path": "x"} if method.teacher == "external" else {}
         config = BaselineConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", baseline=name, **teacher)
         assert config.credit_method is method
     # What the trainer prepares before calling each built-in (the papers' setups, README "Comparison methods").
-    assert {n for n in BASELINES if CREDIT_METHODS[n].teacher is None} == {"skill_grpo", "gigpo"}
-    assert {n for n in BASELINES if CREDIT_METHODS[n].teacher == "external"} == {"opd"}
-    assert {n for n in BASELINES if not CREDIT_METHODS[n].outcome} == {"opsd", "opd"}
-    assert {n for n in BASELINES if CREDIT_METHODS[n].step_skills} == {"opid"}
+    assert {n for n in comparison if CREDIT_METHODS[n].teacher is None} == {"skill_grpo", "gigpo"}
+    assert {n for n in comparison if CREDIT_METHODS[n].teacher == "external"} == {"opd"}
+    assert {n for n in comparison if not CREDIT_METHODS[n].outcome} == {"opsd", "opd"}
+    assert {n for n in comparison if CREDIT_METHODS[n].step_skills} == {"opid"}
     assert get_credit(" RLSD ") is CREDIT_METHODS["rlsd"]
 
 

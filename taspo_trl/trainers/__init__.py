@@ -1,44 +1,40 @@
 """Trainers: thin glue from TRL's ``GRPOTrainer`` to the rollout and credit modules.
 
-``CONFIGS``/``TRAINERS`` map a recipe's ``method:`` to its config class and trainer: ``grpo``, ``taspo``,
-``alignopsd`` and every comparison method of ``baselines.BASELINES`` (one ``BaselineTrainer``). ``method_classes``
-also resolves a credit method registered later (``credit.registry.register_credit``), which ``BaselineTrainer``
-runs.
+A recipe's ``method:`` names a trainer of its own (``TRAINER_METHODS``: ``grpo``, ``taspo``, ``alignopsd``) or a
+credit method of ``credit.registry`` (the comparison methods and any registered later with ``register_credit``),
+which ``BaselineTrainer`` runs; ``method_classes`` resolves either, ``method_names`` lists both.
 """
 
 from ..credit.registry import CREDIT_METHODS
 from .alignopsd import AlignOPSDConfig, AlignOPSDTrainer
-from .baselines import BASELINES, BaselineConfig, BaselineTrainer
+from .baselines import BaselineConfig, BaselineTrainer
 from .grpo import AgentGRPOConfig, AgentGRPOTrainer, environment_reward
 from .taspo import TASPOConfig, TASPOTrainer
 
-CONFIGS = {
-    "grpo": AgentGRPOConfig,
-    "taspo": TASPOConfig,
-    "alignopsd": AlignOPSDConfig,
-    **{name: BaselineConfig for name in BASELINES},
+TRAINER_METHODS = {
+    "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
+    "taspo": (TASPOConfig, TASPOTrainer),
+    "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer),
 }
-TRAINERS = {
-    "grpo": AgentGRPOTrainer,
-    "taspo": TASPOTrainer,
-    "alignopsd": AlignOPSDTrainer,
-    **{name: BaselineTrainer for name in BASELINES},
-}
+"""The methods with a trainer of their own: name -> (config class, trainer class)."""
 
 
 def method_classes(method: str) -> tuple[type, type]:
     """The config class and trainer of a recipe's ``method:``; KeyError when nothing has that name."""
-    if method in CONFIGS:
-        return CONFIGS[method], TRAINERS[method]
+    if method in TRAINER_METHODS:
+        return TRAINER_METHODS[method]
     if method in CREDIT_METHODS:
         return BaselineConfig, BaselineTrainer
     raise KeyError(method)
 
 
+def method_names() -> list[str]:
+    """Every name ``method:`` takes now: the trainers' own, then the registered credit methods."""
+    return [*TRAINER_METHODS, *CREDIT_METHODS]
+
+
 __all__ = [
-    "BASELINES",
-    "CONFIGS",
-    "TRAINERS",
+    "TRAINER_METHODS",
     "AgentGRPOConfig",
     "AgentGRPOTrainer",
     "AlignOPSDConfig",
@@ -49,4 +45,5 @@ __all__ = [
     "TASPOTrainer",
     "environment_reward",
     "method_classes",
+    "method_names",
 ]

@@ -47,10 +47,6 @@ from .step import StepView
 
 logger = logging.getLogger(__name__)
 
-BASELINES = ("skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid", "gigpo", "stepopsd")
-"""The papers' comparison methods (each a `credit.registry` entry), accepted by `BaselineConfig.baseline` and as
-`method:` in recipes, as is any name registered with `register_credit`."""
-
 DEFAULT_TEACHER_SYNC_STEPS = 10
 """Refresh period of a `periodic` teacher (Skill-SD's default): its paper syncs the teacher periodically, and the
 period is not in the description this package follows."""
@@ -114,7 +110,7 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
             approximate StepOPSD's budget temperature and weight bound.
     """
 
-    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(BASELINES)} or yours."})
+    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(CREDIT_METHODS)} or yours."})
     pi_source: str | None = field(default=None, metadata={"help": "Teacher context (None: the method's)."})
     teacher_policy: str | None = field(
         default=None, metadata={"help": "'initial', 'current' or 'periodic' (None: method's)."}
