@@ -226,8 +226,9 @@ def _replicated_verdicts(*results: dict[str, Any]) -> list[tuple[str, str, list[
 
 def credit_replication(*results: dict[str, Any]) -> str:
     """Each method's verdict per pool in every run, and whether it holds across them."""
-    labels = [f"{r['settings']['batches']} batches, {_precision_text(r)}, "
-              f"{r['provenance']['date'][:10]}" for r in results]
+    labels = [f"{r['settings']['batches']} batches, {_precision_text(r)}, {r['provenance']['date'][:10]}, on "
+              f"{' and '.join(dict.fromkeys(cpu.split(' (')[0] for cpu in _played_on(r['provenance'])))}"
+              for r in results]
     lines = ["The same games and sampling seeds (from seed 0; a run that pools more batches adds the next seeds), "
              f"played again {_what_differs(*results)}. A verdict that changes between the runs is not a finding.", "",
              "| method | pool | " + " | ".join(labels) + " | holds |", "|---|---|" + "---|" * (len(results) + 1)]
@@ -509,6 +510,7 @@ CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every me
 CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
 CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the previous 240-game warm start, fresh games, bf16
 CREDIT_QUALITY_SHIPPED = "credit_quality_alfworld_bf16.json"  # the shipped warm start (240 games + corrections), bf16
+CREDIT_QUALITY_SHIPPED_XEON = "credit_quality_alfworld_bf16_xeon.json"  # the same setting on the AMX Xeon, 3 methods
 WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval_240_games.json", "warm_start_eval.json")  # two warm starts ago, the previous one, the shipped one
 PI_SPECIFICITY = ("pi_specificity_240_games.json", "pi_specificity_240_games_unseen.json",  # the previous warm start
                   "pi_specificity.json", "pi_specificity_unseen.json")  # the shipped one
@@ -519,6 +521,8 @@ QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cach
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("Credit quality with the shipped warm start (240 games + corrections)", (CREDIT_QUALITY_SHIPPED,),
      credit_quality),
+    ("Credit quality with the shipped warm start: played again on another CPU",
+     (CREDIT_QUALITY_SHIPPED, CREDIT_QUALITY_SHIPPED_XEON), credit_replication),
     ("Credit quality with the previous 240-game warm start", (CREDIT_QUALITY_240,), credit_quality),
     ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
     ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_BF16), credit_replication),
@@ -606,9 +610,12 @@ def _summary_warm_start(*results: dict[str, Any]) -> str:
 
 
 SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
-    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16; AlignOPSD "
-     "not rescored yet): verdict won / failed", (CREDIT_QUALITY_SHIPPED,),
-     "credit-quality-with-the-shipped-warm-start-240-games-corrections", _summary_verdicts),
+    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
+     "won / failed", (CREDIT_QUALITY_SHIPPED,), "credit-quality-with-the-shipped-warm-start-240-games-corrections",
+     _summary_verdicts),
+    ("The same, played again on another CPU: (method, pool) verdicts that hold",
+     (CREDIT_QUALITY_SHIPPED, CREDIT_QUALITY_SHIPPED_XEON),
+     "credit-quality-with-the-shipped-warm-start-played-again-on-another-cpu", _summary_replication),
     ("Credit quality on ALFWorld with the previous 240-game warm start (sampled siblings on games it never saw, bf16): "
      "verdict won / failed", (CREDIT_QUALITY_240,), "credit-quality-with-the-previous-240-game-warm-start",
      _summary_verdicts),
