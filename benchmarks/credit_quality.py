@@ -465,7 +465,7 @@ def _precision_fields(args: argparse.Namespace, batches: int) -> dict[str, Any]:
     batches (their seeds) it played and the methods it scored (GRPO only where it scored nothing else)."""
     precision = choose_precision(args.bf16, use_cpu=True)
     methods = [m for m in args.methods if m != "grpo"] or ["grpo"]
-    return {"precision": "bf16 autocast" if precision.bf16 else "float32",
+    return {"precision": precision.name,
             "precision_reasons": [{"reason": precision.reason, "seeds": [args.seed + b for b in range(batches)],
                                    "methods": methods}]}
 

@@ -32,8 +32,13 @@ class Precision:
     """Why, for the run header."""
 
     @property
+    def name(self) -> str:
+        """"bf16 autocast" or "float32"."""
+        return "bf16 autocast" if self.bf16 else "float32"
+
+    @property
     def description(self) -> str:
-        return f"{'bf16 autocast' if self.bf16 else 'float32'} ({self.reason})"
+        return f"{self.name} ({self.reason})"
 
 
 def cpu_bf16_flags(cpuinfo: Path | None = None) -> list[str] | None:

@@ -361,8 +361,11 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         self.prompt_template = prompt_template or PromptTemplate(history_window=args.history_window)
         self.env_factory = trl_env or env_factory or get_env_factory(args.environment)
         # Its registered name, for what is known by name (the rule-based analyzer's rules); None for a factory.
-        self.environment_name = trl_env.environment_name if trl_env is not None else args.environment
-        if env_factory is not None and env_factory is not _registered_factory(args.environment):
+        if trl_env is not None:
+            self.environment_name = trl_env.environment_name
+        elif env_factory is None or env_factory is _registered_factory(args.environment):
+            self.environment_name = args.environment
+        else:
             self.environment_name = None
         self.env_pool = EnvPool(self.env_factory, num_workers=args.env_workers, step_timeout=args.env_step_timeout)
         self._turns_path: str | None = None  # chosen at the first `log_turns` write (see `start_turns_log`)
