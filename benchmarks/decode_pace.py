@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import taspo_trl.rollout.decode_step as decode_step
 import taspo_trl.rollout.generation as generation
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
-from taspo_trl.precision import choose_precision
+from taspo_trl.precision import Precision, choose_precision
 from taspo_trl.provenance import provenance, source_commit
 
 RESULTS = Path(__file__).parent / "results"
@@ -99,7 +99,8 @@ def time_sampler(generator: Any, batch_prompts: list[list[int]], new_tokens: int
     return time.perf_counter() - started, [g.token_ids for g in out]
 
 
-def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) -> dict[str, Any]:
+def measure(model: Any, tokenizer: Any, args: argparse.Namespace, precision: Precision) -> dict[str, Any]:
+    bf16 = precision.bf16
     dtype = torch.bfloat16 if bf16 else torch.float32
     generator = generation.TransformersGenerator(model, tokenizer, temperature=1.0,
                                                  autocast_dtype=torch.bfloat16 if bf16 else None,
@@ -126,7 +127,7 @@ def measure(model: Any, tokenizer: Any, args: argparse.Namespace, bf16: bool) ->
     flops = matmul_throughput(prompt_tokens, model.config.hidden_size, model.config.intermediate_size, dtype)
     limit_ms = weights / (bandwidth * 1e9) * 1e3
     result: dict[str, Any] = {
-        "precision": "bf16 autocast" if bf16 else "float32",
+        "precision": precision.name,
         "read_bandwidth_gb_s": round(bandwidth, 2),
         "linear_weight_mb": round(weights / 1e6, 1),
         "weight_read_limit_ms": round(limit_ms, 2),
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     result = {"settings": {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
                            "new_tokens": args.new_tokens, "reps": args.reps, "threads": torch.get_num_threads()},
-              **measure(model, tokenizer, args, precision.bf16),
+              **measure(model, tokenizer, args, precision),
               "provenance": provenance(argv, __file__, commit=commit)}
     print(f"{result['precision']}, {torch.get_num_threads()} threads, batch {args.batch}: read bandwidth "
           f"{result['read_bandwidth_gb_s']} GB/s, linear weights {result['linear_weight_mb']} MB -> weight-read limit "

@@ -111,7 +111,8 @@ def main() -> None:
     args = parser.parse_args()
 
     model = resolve_model_path(args.model)
-    bf16 = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True).bf16
+    chosen = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
+    bf16 = chosen.bf16
     if args.only:
         with tempfile.TemporaryDirectory() as tmp:
             result = _time_method(args.only, model, Path(args.game), args.steps, args.layout, Path(tmp), bf16)
@@ -133,7 +134,7 @@ def main() -> None:
             )
             results[name] = json.loads(out.read_text())
 
-    precision = "bf16 autocast" if bf16 else "float32"
+    precision = chosen.name
     print(f"model={args.model} layout={args.layout} steps={args.steps} {precision} rows/step={results['grpo']['rows']}")
     for name, result in results.items():
         print(f"{name:<10} step times (s): {', '.join(f'{t:.1f}' for t in result['step_times'])}; "
