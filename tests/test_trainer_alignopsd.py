@@ -379,7 +379,7 @@ def test_sdar_auxiliary_is_off_by_default_with_the_launcher_values(tmp_path):
 def _sdar_host(coef: float, beta: float) -> SimpleNamespace:
     """What ``_add_sdar_auxiliary`` reads of a trainer: its two settings, the metrics store and the mode."""
     return SimpleNamespace(args=SimpleNamespace(sdar_aux_coef=coef, sdar_aux_gate_beta=beta),
-                           _metrics=defaultdict(lambda: defaultdict(list)), model=SimpleNamespace(training=True))
+                           _metrics=defaultdict(lambda: defaultdict(list)), metrics_mode="train")
 
 
 def test_sdar_auxiliary_term_by_hand():

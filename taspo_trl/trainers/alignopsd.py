@@ -327,7 +327,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
         self.last_step.weights, self.last_step.spans = weights, spans
         self.last_step.skill_texts = skills[first : first + local]
-        self._log_weight_range(weights, "train" if self.model.training else "eval")
+        self._log_weight_range(weights, self.metrics_mode)
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
         advantages = [
             [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
@@ -360,7 +360,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             base = advantages[i][t]
             advantages[i][t] = [b + x for b, x in zip(base, term)] if isinstance(base, list) else [base + x for x in term]
             added += term
-        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics = self._metrics[self.metrics_mode]
         metrics["alignopsd/sdar_aux_mean"].append(sum(added) / max(len(added), 1))
 
     def _matched_groups(self, groups: dict[int, list[int]], moving: set[int]) -> set[int]:
@@ -591,7 +591,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         threshold: float,
     ) -> None:
         """The step's AlignOPSD metrics; ``seconds``: teacher generation, encoder and matching, scoring passes."""
-        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics = self._metrics[self.metrics_mode]
         teacher_seconds, encoder_seconds, rescoring_seconds = seconds
         selected = [len(s) for c in correspondences.values() for s in c.selected]
         metrics["alignopsd/match_rate"].append(sum(n > 0 for n in selected) / max(len(selected), 1))

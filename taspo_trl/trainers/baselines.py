@@ -297,7 +297,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         if version != self._teacher_version:
             self._refresh_teacher()
             self._teacher_version = version
-        self._metrics["train" if self.model.training else "eval"]["baseline/teacher_version"].append(float(version))
+        self._metrics[self.metrics_mode]["baseline/teacher_version"].append(float(version))
 
     def _load_frozen(self, name_or_path: str) -> Any:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -393,7 +393,7 @@ class BaselineTrainer(AgentGRPOTrainer):
                 non_finite += 1
         if non_finite:
             logger.warning("%d turns had non-finite teacher gaps and keep their outcome advantage", non_finite)
-        self._metrics["train" if self.model.training else "eval"][metric].append(float(non_finite))
+        self._metrics[self.metrics_mode][metric].append(float(non_finite))
         return gaps
 
     # ---- credit --------------------------------------------------------------------------------------------
@@ -406,7 +406,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         else:
             out = self._teacher_credit(method, step)
         if method.metrics is not None:
-            metrics = self._metrics["train" if self.model.training else "eval"]
+            metrics = self._metrics[self.metrics_mode]
             for name, value in method.metrics(self.args, self.state.global_step).items():
                 metrics[name].append(value)
         return out
@@ -438,7 +438,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         if method.teacher == "external":
             return Guidance([""] * len(trajectories), [{} for _ in trajectories], {})
         args = self.args
-        mode = "train" if self.model.training else "eval"
+        mode = self.metrics_mode
         guidance = build_privileged_context(
             trajectories,
             args,
@@ -461,7 +461,7 @@ class BaselineTrainer(AgentGRPOTrainer):
     def _teacher_credit(self, method: CreditMethod, step: StepView) -> list[list[float | list[float]]]:
         """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
         trajectories, advantages = step.trajectories, step.advantages
-        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics = self._metrics[self.metrics_mode]
         contexts, step_skills, _ = self._guidance(trajectories, method)
         self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()

@@ -375,6 +375,11 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         self.last_step = LastStep()  # the latest step's record, for inspection (notebooks, tests)
         self.prompt_skills = SkillBank.load(args.prompt_skill_bank) if args.prompt_skill_bank else None
 
+    @property
+    def metrics_mode(self) -> str:
+        """"train" or "eval", as the model is: the key of TRL's ``_metrics`` that this step logs to."""
+        return "train" if self.model.training else "eval"
+
     def _get_train_sampler(self, dataset: Any = None) -> EpochReplaySampler:
         # TRL's sampler, with the per-epoch shuffle that resume_from_checkpoint needs (see sampling.py)
         return EpochReplaySampler(super()._get_train_sampler(dataset))
@@ -396,7 +401,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
         :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
         weights = self.turn_weights(step)
-        self._log_weight_range(weights, "train" if self.model.training else "eval")
+        self._log_weight_range(weights, self.metrics_mode)
         return [[_scale(w, float(step.advantages[i])) for w in weights[i]] for i in range(len(step.trajectories))]
 
     # ---- one step ----------------------------------------------------------------------------------------
@@ -627,7 +632,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
-        mode = "train" if self.model.training else "eval"
+        mode = self.metrics_mode
         args = self.args
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
 

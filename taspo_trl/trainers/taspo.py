@@ -102,7 +102,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         ``last_step`` keeps the PI and the weights."""
         args = self.args
         trajectories, advantages = step.trajectories, step.advantages
-        mode = "train" if self.model.training else "eval"
+        mode = self.metrics_mode
         metrics = self._metrics[mode]
 
         pi_texts = self._privileged_info(trajectories)
@@ -164,7 +164,7 @@ class TASPOTrainer(AgentGRPOTrainer):
 
     def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
         """PI for this process's trajectories, identical on every process (``build_privileged_context``)."""
-        mode = "train" if self.model.training else "eval"
+        mode = self.metrics_mode
         guidance = build_privileged_context(
             trajectories,
             self.args,
