@@ -45,6 +45,31 @@ def test_two_processes_give_the_same_weights_as_one(tmp_path, tiny_model_dir):
     assert any(w != 1.0 for traj in one["weights"] for w in traj)
 
 
+def test_an_outcome_method_gives_the_same_credit_on_two_processes_as_on_one(tmp_path, tiny_model_dir):
+    """GiGPO's anchor-state groups span the group's four siblings, two on each process: the hook sees the whole
+    batch (``StepView.batch_trajectories``) and each process keeps its own two trajectories' credit."""
+    game = generate_games(tmp_path / "games", per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])[0]
+    single, double = tmp_path / "one" / "a.json", tmp_path / "two" / "a.json"
+    single.parent.mkdir()
+    double.parent.mkdir()
+    _run([sys.executable, str(SCRIPT), tiny_model_dir, str(game), str(single), "gigpo"], tmp_path)
+    _run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(SCRIPT), tiny_model_dir, str(game), str(double), "gigpo",
+        ],
+        tmp_path,
+    )
+    one, two = json.loads(single.read_text()), json.loads(double.read_text())
+    assert (one["processes"], two["processes"]) == (1, 2)
+    assert len(one["turn_advantages"]) == len(two["turn_advantages"]) == 4
+    for a, b in zip(one["turn_advantages"], two["turn_advantages"]):
+        assert a == pytest.approx(b, abs=1e-6)
+    # the step-level term moves turns of one trajectory apart: not a flat copy of the outcome advantage
+    assert any(len(set(turns)) > 1 for turns in one["turn_advantages"])
+
+
 @pytest.mark.slow  # about a minute; the test above and test_trainer_packing.py run two processes by default
 def test_two_process_quickstart_recipe_trains_and_evaluates(tmp_path, tiny_model_dir):
     """The shipped 2-process CPU accelerate config runs a quickstart recipe; taspo-eval then scores the result."""

@@ -173,7 +173,8 @@ def _host(tmp_path, monkeypatch, sc, contexts=None, group_order=(0, 1, 2), **ove
     given = contexts or (lambda trajectories: [f"[Skills]\n- skill of {t.task}\n[End Skills]" for t in trajectories])
     monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: given(trajectories))
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    step = SimpleNamespace(trajectories=trajectories, rows=SimpleNamespace(collect=lambda plain: plain), rewards=rewards)
+    step = SimpleNamespace(trajectories=trajectories, rows=SimpleNamespace(collect=lambda plain: plain), rewards=rewards,
+                           first=0, batch_trajectories=lambda: list(trajectories))
     return host, step, index, prompts_seen
 
 

@@ -261,10 +261,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         docstring's steps 1-7. ``last_step`` keeps the weights, spans and skills."""
         args = self.args
         trajectories, rows = step.trajectories, step.rows
-        local = len(trajectories)
-        multi = self.accelerator.num_processes > 1
-        everything = gather_object(trajectories) if multi else list(trajectories)
-        first = self.accelerator.process_index * local
+        local, first = len(trajectories), step.first
+        everything = step.batch_trajectories()
         groups: dict[int, list[int]] = {}
         for j, trajectory in enumerate(everything):
             groups.setdefault(trajectory.group, []).append(j)

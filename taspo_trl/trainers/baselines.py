@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import use_adapter
 
@@ -402,7 +401,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         """The per-turn advantages of the credit method `baseline` names (``credit.registry``)."""
         method = self.args.credit_method
         if method.teacher is None:
-            out = self._outcome_credit(method, step.trajectories, step.advantages)
+            out = self._outcome_credit(method, step)
         else:
             out = self._teacher_credit(method, step)
         if method.metrics is not None:
@@ -411,27 +410,18 @@ class BaselineTrainer(AgentGRPOTrainer):
                 metrics[name].append(value)
         return out
 
-    def _outcome_credit(
-        self, method: CreditMethod, trajectories: list[Trajectory], advantages: torch.Tensor
-    ) -> list[list[float | list[float]]]:
+    def _outcome_credit(self, method: CreditMethod, step: StepView) -> list[list[float | list[float]]]:
         """A teacher-free method on the batch of all processes (GiGPO's anchor-state groups span a task group's
         siblings, which may sit on other processes); this process keeps its own trajectories' share."""
-        local = [
-            ([t.initial_observation] + [turn.observation for turn in t.turns[:-1]], [turn.reward for turn in t.turns], t.group)
-            for t in trajectories
-        ]
-        multi_process = self.accelerator.num_processes > 1
-        everything = gather_object(local) if multi_process else local
-        all_advantages = gather_object(advantages.tolist()) if multi_process else advantages.tolist()
+        everything = step.batch_trajectories()
         outcome = OutcomeBatch(
-            advantages=torch.tensor(all_advantages, dtype=torch.float32),
-            observations=[observations for observations, _, _ in everything],
-            rewards=[rewards for _, rewards, _ in everything],
-            groups=[group for _, _, group in everything],
+            advantages=step.batch_advantages.to(torch.float32),
+            observations=[[t.initial_observation] + [turn.observation for turn in t.turns[:-1]] for t in everything],
+            rewards=[[turn.reward for turn in t.turns] for t in everything],
+            groups=[t.group for t in everything],
         )
         credit = method.fn(outcome, self.args, self.state.global_step)
-        first = self.accelerator.process_index * len(trajectories)
-        return [list(credit[first + i]) for i in range(len(trajectories))]
+        return [list(credit[step.first + i]) for i in range(len(step.trajectories))]
 
     def _guidance(self, trajectories: list[Trajectory], method: CreditMethod) -> Guidance:
         """The teacher's privileged context: none for an external teacher (it reads the plain prompt)."""

@@ -3,6 +3,7 @@ the trainer keeps of its latest step for inspection (``LastStep``, ``trainer.las
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,13 @@ class StepView:
         batch: the padded tensors of ``rows`` (``prompt_ids``, ``completion_ids``, their masks,
             ``sampling_per_token_logps`` and, when TRL's loss needs them, ``old_per_token_logps`` /
             ``ref_per_token_logps``), one row per entry of ``rows``. Per-token data stays in these tensors.
-        rewards: the rewards of every trajectory of the step, all processes' (gathered, in process order: this
-            process's trajectories start at ``process_index * len(trajectories)``); AlignOPSD's outcome
-            advantage takes its own statistics over them.
+        rewards: the rewards of every trajectory of the step, all processes' (gathered, in process order);
+            AlignOPSD's outcome advantage takes its own statistics over them.
+        first: where this process's trajectories start in the step's batch of all processes (the index of
+            ``trajectories[0]`` in ``batch_trajectories()``, ``rewards`` and ``batch_advantages``).
+        batch_advantages: A_i of every trajectory of the step, all processes' (``advantages`` is the slice of
+            this process); defaults to ``advantages`` (one process).
+        gather: the step's ``gather_object`` across processes; ``None`` with one process.
     """
 
     trajectories: list[Trajectory]
@@ -36,6 +41,21 @@ class StepView:
     rows: Rows
     batch: dict[str, Any]
     rewards: torch.Tensor | None = None
+    first: int = 0
+    batch_advantages: torch.Tensor | None = None
+    gather: Callable[[list[Any]], list[Any]] | None = None
+    _batch_trajectories: list[Trajectory] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_advantages is None:
+            self.batch_advantages = self.advantages
+
+    def batch_trajectories(self) -> list[Trajectory]:
+        """Every process's trajectories of the step, in process order, gathered on the first call and kept. With
+        several processes this is a collective: the hooks of every process call it, or none does."""
+        if self._batch_trajectories is None:
+            self._batch_trajectories = self.gather(self.trajectories) if self.gather else list(self.trajectories)
+        return self._batch_trajectories
 
 
 @dataclass
