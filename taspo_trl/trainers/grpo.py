@@ -682,8 +682,8 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
         # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
-        step = StepView(trajectories, advantages, rows, batch, rewards, first=first, batch_advantages=all_advantages.cpu(),
-                        gather=gather_object if multi_process else None)
+        step = StepView(trajectories, advantages, rows, batch, rewards, first=first,
+                        batch_advantages=all_advantages.cpu(), gather=gather_object if multi_process else None)
         per_turn_advantage = self.turn_advantages(step)
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
