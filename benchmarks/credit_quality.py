@@ -62,8 +62,7 @@ runs that differ in another setting, the precision or the warm start.
 
 Methods whose teacher pass only depends on the privileged context (the BaselineTrainer teachers: at this fixed
 batch the initial policy and the rollout snapshot are the same weights) share one pass per distinct context.
-Every registered credit method is scored but those of ``NOT_SCORED`` (Skill-GRPO: GRPO's credit, with a prompt that
-changes the rollouts; OPD: it needs a larger teacher model).
+Every registered credit method is scored but those of ``NOT_SCORED`` (Skill-GRPO and OPD; it says why).
 
     python benchmarks/credit_quality.py --model embedded --siblings scripted
     python benchmarks/credit_quality.py --env webshop --methods grpo taspo gigpo
@@ -110,7 +109,7 @@ from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
 from taspo_trl.credit.registry import CREDIT_METHODS
-from taspo_trl.trainers import BaselineConfig, BaselineTrainer, method_classes
+from taspo_trl.trainers import BaselineTrainer, method_classes, method_settings
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
 from results_page import seed_ranges  # the script beside this one (its folder is on the path)
@@ -141,7 +140,7 @@ trainer plays the batch."""
 
 def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int | None = None) -> Any:
     config_class, _ = method_classes(method)
-    settings = {"baseline": method} if config_class is BaselineConfig else {}
+    settings = method_settings(method)
     return config_class(
         output_dir=str(out_dir / method),
         per_device_train_batch_size=args.group_size,

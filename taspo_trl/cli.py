@@ -109,14 +109,15 @@ def build_trainer(
     from datasets import Dataset
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from .trainers import BaselineConfig, method_classes
+    from .trainers import method_classes, method_settings
     from .warmstart import resolve_policy_path
 
     argv = resolve_config_argv(argv, "taspo-train")
     method = _method_from_argv(argv)
     config_class = _method_config_class(method)
-    if config_class is BaselineConfig and "--baseline" not in argv:
-        argv = [*argv, "--baseline", method]
+    for name, value in method_settings(method).items():
+        if f"--{name}" not in argv:
+            argv = [*argv, f"--{name}", value]
     parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False,
                        usage="taspo-train --config RECIPE [--setting value ...]", description=HELP_DESCRIPTION.format(method=method, config=config_class.__name__),
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -28,6 +28,12 @@ def method_classes(method: str) -> tuple[type, type]:
     raise KeyError(method)
 
 
+def method_settings(method: str) -> dict[str, str]:
+    """The config settings that select ``method`` within its config class: ``{"baseline": method}`` for a credit
+    method (``BaselineConfig`` runs all of them), none for a trainer of its own or another name."""
+    return {"baseline": method} if method in CREDIT_METHODS else {}
+
+
 def method_names() -> list[str]:
     """Every name ``method:`` takes now: the trainers' own, then the registered credit methods."""
     return [*TRAINER_METHODS, *CREDIT_METHODS]
@@ -46,4 +52,5 @@ __all__ = [
     "environment_reward",
     "method_classes",
     "method_names",
+    "method_settings",
 ]

@@ -18,9 +18,9 @@ from accelerate.utils import gather_object
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl import BaselineConfig, BaselineTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
+from taspo_trl.trainers import method_classes, method_settings
 
 
 def main() -> None:
@@ -29,10 +29,9 @@ def main() -> None:
     plans = walkthrough_plans(walkthrough, 6)
     rows = task_spec_rows([game_file])
     method = sys.argv[4] if len(sys.argv) > 4 else "taspo"
-    config_class, trainer_class = (TASPOConfig, TASPOTrainer) if method == "taspo" else (BaselineConfig, BaselineTrainer)
-    extra = {} if method == "taspo" else {"baseline": method}
+    config_class, trainer_class = method_classes(method)
     config = config_class(
-        **extra,
+        **method_settings(method),
         output_dir=str(Path(out).parent / "trainer"),
         per_device_train_batch_size=4,
         num_generations=4,
