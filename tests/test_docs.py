@@ -41,9 +41,9 @@ def test_no_reference_to_documents_outside_the_repo():
 
 
 def test_site_builds_offline_in_strict_mode(tmp_path):
-    """`mkdocs build --strict` turns every warning into a failure: a link to a page that does not exist, an API
-    entry naming a moved object, a malformed docstring section. The experiment log is built (pages link to it) but
-    is history, not part of the site's navigation."""
+    """`mkdocs build --strict` turns every warning into a failure: a link to a page or heading that does not exist,
+    an API entry naming a moved object, a malformed docstring section. The experiment log is built (the generated
+    results page links to it) but is history, not part of the site's navigation."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
@@ -61,6 +61,15 @@ def test_site_builds_offline_in_strict_mode(tmp_path):
     assert re.findall(r"`[^`<>\n]{1,60}`", text) == []  # no literal backticks left from the docstrings
     assert re.findall(r"\[<code>\w+</code>\]", text) == []  # HF-style references rendered
     assert '<a href="#taspo_trl.trainers.grpo.AgentGRPOTrainer"><code>AgentGRPOTrainer</code></a>' in api
+
+
+def test_no_guide_links_to_the_experiment_log():
+    """The README and the guides say what to run and what to expect; the measured figures are on the generated results
+    page, and the experiment log (history) is linked from that page only."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    linking = [p.name for p in pages if p.name not in ("results.md", "experiment-log.md")
+               and "experiment-log.md" in p.read_text(encoding="utf-8")]
+    assert not linking, linking
 
 
 def test_readme_is_short_and_points_to_the_docs():
