@@ -14,7 +14,7 @@ change left the weights as they were and the record takes today's code hash; oth
 ``--check`` prints, per adapter tensor, the largest difference from the shipped one relative to that tensor's
 largest entry, and fails above ``--tolerance``. With the shipped precision, library versions and thread count
 (``built_with`` in its ``warm_start.json``) a rebuild is bit for bit; other thread counts or CPUs reorder float
-sums and move the adapter by a small fraction (docs/warm-start.md has the measured figures).
+sums and move the adapter by a small fraction (docs/warm-start.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ The tokenizer is SmolLM2's (the embedded policy's): Qwen's own cannot be had off
 vocabulary size (151,936), so the LM head and the log-prob passes cost what they cost on the real model; the
 tokenizer only ever produces ids below its 49,152.
 
-    bash benchmarks/gpu_wheels.sh                 # here: wheels and offline assets (see README, "GPU check")
+    bash benchmarks/gpu_wheels.sh                 # here: wheels and offline assets (docs/distributed.md, "GPU check")
     bash benchmarks/gpu_check.sh                  # on the GPU machine
     python benchmarks/gpu_check.py --dry-run      # CPU, tiny model, float32, no DeepSpeed (the tests run this)
 """
@@ -303,10 +303,10 @@ def _median_ratio(mode: dict[str, Any], method: str) -> float:
 
 def compare_runs(reference: dict[str, Any], other: dict[str, Any], tolerance: float) -> dict[str, Any]:
     """PI must be identical at every step, and the credit weights of the first step equal within ``tolerance``, for
-    TASPO and AlignOPSD. Only the first step scores one policy in every mode. On the first H200 run (4 Dec) the
-    plain run's weights drifted from step to step while the ZeRO runs' stayed nearly constant, as when bf16
-    weights round away updates of the check's learning rate that float32 weights keep: later steps compare
-    different policies, so their largest difference is reported, not judged."""
+    TASPO and AlignOPSD. Only the first step scores one policy in every mode. In bf16 the plain run's weights can
+    drift from step to step while the ZeRO runs' stay nearly constant, as when bf16 weights round away updates of
+    the check's learning rate that float32 weights keep: later steps compare different policies, so their largest
+    difference is reported, not judged."""
     comparison: dict[str, Any] = {"tolerance": tolerance}
     for method in ("taspo", "alignopsd"):
         a, b = reference[method], other[method]

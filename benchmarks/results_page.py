@@ -507,11 +507,11 @@ CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method; seeds 0-
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
-CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, 2 Dec, AVX512-BF16 box
+CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, an earlier bf16 run
 CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the previous 240-game warm start, fresh games, bf16
 CREDIT_QUALITY_SHIPPED = "credit_quality_alfworld_bf16.json"  # the shipped warm start (240 games + corrections), bf16
 CREDIT_QUALITY_SHIPPED_XEON = "credit_quality_alfworld_bf16_xeon.json"  # the same setting on the AMX Xeon, 3 methods
-WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval_240_games.json", "warm_start_eval.json")  # two warm starts ago, the previous one, the shipped one
+WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval_240_games.json", "warm_start_eval.json")  # the six-game warm start, the 240-game one, the shipped one
 PI_SPECIFICITY = ("pi_specificity_240_games.json", "pi_specificity_240_games_unseen.json",  # the previous warm start
                   "pi_specificity.json", "pi_specificity_unseen.json")  # the shipped one
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
