@@ -5,7 +5,7 @@ Every cache that taspo_trl writes or reads is covered: the converted embedded mo
 (``privileged/analyzers.py``, one digest inside each entry) and the shipped sentence encoder
 (``privileged/encoder.py``, against the hashes of its wheel's ``RECORD``).
 
-Cost: hashing the 538 MB converted model takes about 0.5 s (AMD EPYC, under load), more than the rest of a load,
+Cost: hashing the 538 MB converted model takes about half a second on a CPU, more than the rest of a load,
 and the tests and every ``taspo-train``/``taspo-eval`` start load it. So sizes are checked on every load, and the
 hashes only when a file's stat signature (size, mtime in ns, inode) differs from the one recorded at the last
 full check: a truncated, rewritten or replaced file always differs, so its hash is checked; a copy of the cache

@@ -6,8 +6,8 @@ engine reproduces its states exactly (the engine is deterministic), so labels ca
 any rollout, e.g. to check whether a credit method gives more weight to the actions that mattered
 (``benchmarks/credit_quality.py``).
 
-No cache: replanning costs about 2 ms of a ~20 ms engine step on the development machine (the step's
-admissible-command derivation dominates), so remembering distances by state would save almost nothing.
+No cache: replanning costs about a tenth of an engine step (the step's admissible-command derivation
+dominates), so remembering distances by state would save almost nothing.
 """
 
 from __future__ import annotations
