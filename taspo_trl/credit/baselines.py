@@ -1,7 +1,7 @@
 """Advantage shaping of the comparison methods: RLSD, OPID, GiGPO and StepOPSD.
 
 RLSD, OPID and StepOPSD start from GRPO's outcome advantage A (``taspo_trl.credit.grpo``) and reshape it per token
-or per step; GiGPO computes its own episode and step advantages. The README's "Comparison methods" section says what
+or per step; GiGPO computes its own episode and step advantages. docs/credit-methods.md ("Comparison methods") says what
 each method is; docs/baselines_vs_official.md compares each with its official code. One small pure function per
 equation, verl ``core_algos.py`` style. Conventions shared by the token-level transforms:
 

@@ -1,6 +1,6 @@
 """Distillation loss terms of the comparison methods: OPSD, GRPO+OPSD, SDAR, Skill-SD and OPD.
 
-The README's "Comparison methods" section says what each method is. One small pure function per loss, verl ``core_algos.py``
+docs/credit-methods.md ("Comparison methods") says what each method is. One small pure function per loss, verl ``core_algos.py``
 style.
 
 Convention (the same for every term): inputs are [rows, T] over the response tokens of per-turn rows; the student

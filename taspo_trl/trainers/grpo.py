@@ -1,7 +1,8 @@
 """GRPO for multi-turn agents: TRL's ``GRPOTrainer`` with the batched agent loop and Eq. 7's loss balancing.
 
-This is the paper's GRPO baseline and the base of ``TASPOTrainer`` / ``AlignOPSDTrainer``: those override
-only ``turn_weights`` (how a trajectory's outcome advantage is spread over its turns).
+This is the paper's GRPO baseline and the base of ``TASPOTrainer`` / ``AlignOPSDTrainer``: TASPO overrides
+``turn_weights`` (how a trajectory's outcome advantage is spread over its turns), AlignOPSD ``turn_advantages``
+(its credit adds terms to the outcome advantage).
 
 One training step, top to bottom (``_generate_and_score_completions``):
 1. play one episode per dataset row with the batched agent loop (K consecutive rows = one task group);

@@ -2,7 +2,7 @@
 
 Retrievers: the embedded ``bm25s`` index over a generated fictional encyclopedia (offline, the default) or any
 Search-R1-style retrieval server over HTTP (``taspo-search-server`` serves the embedded index that way; see
-this package's README for Search-R1's e5 + wiki-18 server). Task sets: the embedded single-/multi-hop questions
+docs/search-qa.md for Search-R1's e5 + wiki-18 server). Task sets: the embedded single-/multi-hop questions
 and loaders for Search-R1's NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue and Bamboogle files.
 """
 

@@ -1,7 +1,7 @@
 """WebShop (Yao et al., 2022) in text mode: an embedded, generated shop, or an adapter to a running WebShop site.
 
 ``webshop_env_factory(spec)`` builds one episode; ``webshop_task_rows(...)`` builds the dataset rows naming the
-tasks. See ``README.md`` in this directory for the pages, actions, reward and how to run the official server.
+tasks. docs/webshop.md says what the pages, actions and reward are and how to run the official server.
 """
 
 from __future__ import annotations
