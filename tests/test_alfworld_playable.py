@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_alfworld_env import _tiny_kitchen_problem, _write_game
 
 from taspo_trl.envs.alfworld.generator import game_logic
 from taspo_trl.envs.alfworld.rows import PLAYABLE_PROBES, alfworld_game_files, alfworld_rows_from_settings
+from tests.test_alfworld_env import _tiny_kitchen_problem, _write_game
 
 
 def _settings(games_dir: Path, max_tasks: int | None = None) -> dict:

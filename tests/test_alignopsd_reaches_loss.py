@@ -28,18 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
-from test_credit_reaches_loss import (  # noqa: F401  (game, snapshot: fixtures)
-    ATOL as LOGPROB_ATOL,
-    THOUGHTS,
-    _logprobs,
-    _prompt_ids,
-    _received_rows,
-    _train_one_step,
-    game,
-    snapshot,
-)
 
 import taspo_trl.trainers.alignopsd as alignopsd_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
@@ -61,6 +50,17 @@ from taspo_trl.credit.alignopsd import (
 )
 from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.rollout.generation import Generation
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.test_credit_reaches_loss import (  # noqa: F401  (game, snapshot: fixtures)
+    ATOL as LOGPROB_ATOL,
+    THOUGHTS,
+    _logprobs,
+    _prompt_ids,
+    _received_rows,
+    _train_one_step,
+    game,
+    snapshot,
+)
 
 # The test's own forwards and the trainer's agree to ~1e-5 in log-prob on one CPU (LOGPROB_ATOL's note), but
 # AlignOPSD amplifies such differences: the aggregation temperature 0.1 multiplies those in the similarities by 10,

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
@@ -32,6 +31,7 @@ from taspo_trl.credit.registry import CREDIT_METHODS, OutcomeBatch, TeacherGaps,
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
+from tests.helpers.cpu_config import cpu_trainer_kwargs
 
 MAX_TURNS = 6
 ATOL = 1e-4  # float32 forwards in different batch shapes agree to ~1e-5 in log-prob; weights amplify by < 2

@@ -13,7 +13,7 @@ import pytest
 
 from taspo_trl.envs.alfworld import generate_games
 
-SCRIPT = Path(__file__).parent / "scripts" / "taspo_weights.py"
+SCRIPT = Path(__file__).parent / "helpers" / "taspo_weights.py"
 
 
 def _run(command: list[str], tmp_path: Path) -> None:

@@ -148,9 +148,9 @@ def test_a_non_positive_timeout_is_refused():
 
 
 def test_training_stops_after_saving_when_episodes_keep_failing(tmp_path, tiny_model_dir):
-    from cpu_config import cpu_trainer_kwargs
+    from tests.helpers.cpu_config import cpu_trainer_kwargs
     from datasets import Dataset
-    from toy_envs import locker_factory
+    from tests.helpers.toy_envs import locker_factory
 
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
 
@@ -176,7 +176,7 @@ def test_training_stops_after_saving_when_episodes_keep_failing(tmp_path, tiny_m
      ("env_error_patience", 0, "env_error_patience must be >= 1")],
 )
 def test_guard_settings_are_checked(tmp_path, field, value, message):
-    from cpu_config import cpu_trainer_kwargs
+    from tests.helpers.cpu_config import cpu_trainer_kwargs
 
     from taspo_trl import AgentGRPOConfig
 

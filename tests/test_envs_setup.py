@@ -87,7 +87,7 @@ def test_alfworld_games_reset_on_the_engine(tmp_path):
 
 
 def test_webshop_check_opens_a_goal_on_a_site_with_the_official_routes(served):
-    from test_webshop_env import _OfficialFormat
+    from tests.test_webshop_env import _OfficialFormat
 
     _OfficialFormat.catalog = load_catalog()
     url = served(ThreadingHTTPServer(("127.0.0.1", 0), _OfficialFormat))

@@ -9,11 +9,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from toy_envs import LockerEnv, ScriptedGenerator
 
 from taspo_trl.envs.base import StepResult, encode_task_prompt
 from taspo_trl.evaluation import EvalArguments, _parse_eval_args, evaluate_rows, transformers_generator
 from taspo_trl.models import load_model_and_tokenizer
+from tests.helpers.toy_envs import LockerEnv, ScriptedGenerator
 
 GOOD = "<think>The key is in locker 3.</think> <action>open locker 3</action>"
 _RELEASE = threading.Event()  # lets the threads left hanging end when the test module is done

@@ -229,9 +229,9 @@ def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_nu
                                                                                       monkeypatch):
     """The trainer's scoring passes (no grad, dropout off) run the sampler's copy, made once per run: their log-probs
     equal those of autocast over the trained float32 weights, bit for bit."""
-    from cpu_config import cpu_trainer_kwargs
+    from tests.helpers.cpu_config import cpu_trainer_kwargs
     from datasets import Dataset
-    from toy_envs import locker_factory
+    from tests.helpers.toy_envs import locker_factory
 
     import taspo_trl.trainers.grpo as grpo_module
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt

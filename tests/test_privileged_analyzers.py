@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from analyzer_server import ReplayServer
-from cpu_config import cpu_trainer_kwargs
-from test_privileged_protocol import SOLVE, kitchen_group, make_trajectory, make_turn
 
 from taspo_trl.privileged.analyzers import (
     AnalyzerError,
@@ -38,6 +35,9 @@ from taspo_trl.privileged.protocol import (
 )
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.trainers.taspo import TASPOConfig
+from tests.helpers.analyzer_server import ReplayServer
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.test_privileged_protocol import SOLVE, kitchen_group, make_trajectory, make_turn
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

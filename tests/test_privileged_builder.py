@@ -7,8 +7,6 @@ import json
 import logging
 
 import pytest
-from analyzer_server import ReplayServer
-from test_privileged_protocol import SOLVE, kitchen_group, make_trajectory
 
 from taspo_trl.privileged import (
     PI_FOOTER,
@@ -20,6 +18,8 @@ from taspo_trl.privileged import (
     build_group_pi,
     compose_pi,
 )
+from tests.helpers.analyzer_server import ReplayServer
+from tests.test_privileged_protocol import SOLVE, kitchen_group, make_trajectory
 
 EXTRACTION = '"stage": "extraction"'
 

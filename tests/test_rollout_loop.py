@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy_envs import QuizEnv, ScriptedGenerator, locker_factory, quiz_factory
 
 from taspo_trl.envs.base import PromptTemplate, task_spec_from_row
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.layouts import NOT_POLICY, build_rows
 from taspo_trl.rollout.loop import run_agent_loop
+from tests.helpers.toy_envs import QuizEnv, ScriptedGenerator, locker_factory, quiz_factory
 
 GOOD = "<think>The key is in locker 3.</think> <action>open locker 3</action>"
 WRONG = "<think>Try the first one.</think> <action>open locker 1</action>"

@@ -38,7 +38,7 @@ from taspo_trl.checkpoints import (
     end_save,
     resume_checkpoint,
 )
-from test_run_contract import games_dir  # noqa: F401 - the fixture: one generated ALFWorld game per task family
+from tests.test_run_contract import games_dir  # noqa: F401 - the fixture: one generated ALFWorld game per task family
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {"trainer": "AgentGRPOTrainer", "base_model": "tiny", "peft": False,
@@ -248,7 +248,7 @@ def test_a_checkpoint_of_another_method_or_model_is_refused_and_another_base_nam
 
 
 def _run(*argv: str, cwd: Path, env: dict | None = None, module: str = "taspo_trl.cli", **kwargs):
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH", "")])
     command = [sys.executable, "-m", module, *argv] if module else [sys.executable, *argv]
     return subprocess.run(command, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})},
                           capture_output=True, text=True, timeout=600, **kwargs)
@@ -449,7 +449,7 @@ def test_two_real_runs_on_one_folder_the_second_refused_in_seconds(tmp_path, tin
     first save trained into the same folder)."""
     out = tmp_path / "out"
     argv = _train_argv(tiny_model_dir, games_dir, out, "--max_steps", "500")  # still training when the second starts
-    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH", "")])
     first = subprocess.Popen([sys.executable, "-m", "taspo_trl.cli", *argv], cwd=workdir, text=True,
                              env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -17,9 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
-from toy_envs import LockerEnv, ScriptedGenerator
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer, encode_task_prompt
@@ -31,6 +29,8 @@ from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.testing import PlannedGenerator
 from taspo_trl.trainers.progress import ProgressPrinter
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.helpers.toy_envs import LockerEnv, ScriptedGenerator
 
 GOOD = "<think>the key</think> <action>open locker 3</action>"
 SPEC = {"target": 3, "max_turns": 2}
@@ -264,8 +264,8 @@ def test_os_exit_in_an_in_process_step_says_what_ended_the_run(tmp_path):
     script = tmp_path / "exits.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from toy_envs import LockerEnv
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+        from tests.helpers.toy_envs import LockerEnv
         from taspo_trl.rollout.env_pool import EnvPool
 
         class Exits(LockerEnv):

@@ -256,9 +256,9 @@ def test_env_pool_batches_a_turn_into_one_request(server_url):
 def test_training_step_survives_a_dead_retrieval_server(tmp_path, tiny_model_dir, monkeypatch):
     """A GRPO step on Search-QA whose retriever is down: every search gets the error observation, the episodes
     still answer, and the optimizer step completes."""
-    from cpu_config import cpu_trainer_kwargs
+    from tests.helpers.cpu_config import cpu_trainer_kwargs
     from datasets import Dataset
-    from toy_envs import ScriptedGenerator
+    from tests.helpers.toy_envs import ScriptedGenerator
 
     import taspo_trl.trainers.grpo as grpo_module
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer

@@ -14,7 +14,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from trl.trainer.utils import pad
 
@@ -30,6 +29,7 @@ from taspo_trl.rollout.generation import Generation
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers.step import StepView
+from tests.helpers.cpu_config import cpu_trainer_kwargs
 
 _MATCH = dict(threshold=0.7, top_k=2, action_filter=False, action_threshold=0.8, profile_temperature=0.1, profile_distance="jsd")
 

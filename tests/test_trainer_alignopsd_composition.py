@@ -25,7 +25,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from alignopsd_reference import (
+
+import taspo_trl.trainers.alignopsd as alignopsd_module
+from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
+from taspo_trl.privileged.alignment import NO_SKILLS
+from taspo_trl.rollout.generation import Generation
+from taspo_trl.rollout.records import Trajectory, Turn
+from taspo_trl.trainers.step import LastStep
+from tests.helpers.alignopsd_reference import (
     cosine,
     corrected_gap,
     invalid_residuals,
@@ -37,13 +44,6 @@ from alignopsd_reference import (
     turn_scope_advantages,
     turn_weights,
 )
-
-import taspo_trl.trainers.alignopsd as alignopsd_module
-from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
-from taspo_trl.privileged.alignment import NO_SKILLS
-from taspo_trl.rollout.generation import Generation
-from taspo_trl.rollout.records import Trajectory, Turn
-from taspo_trl.trainers.step import LastStep
 
 # Three task groups of three rollouts: turns per rollout and wins. Group 1 all failed: its credit cannot move, but
 # its distances enter the official batch threshold.

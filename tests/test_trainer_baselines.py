@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState, PartialState
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from trl.trainer.utils import pad
 
@@ -25,6 +24,7 @@ from taspo_trl.privileged import PI_HEADER
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
+from tests.helpers.cpu_config import cpu_trainer_kwargs
 
 MAX_TURNS = 6
 A_WIN = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # GRPO on rewards [1, 1, 0, 0]: (1 - 0.5) / (unbiased std + delta)

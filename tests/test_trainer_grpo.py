@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
-from toy_envs import locker_factory
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
 from taspo_trl.testing import PlannedGenerator
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.helpers.toy_envs import locker_factory
 
 
 def _dataset(n_tasks: int = 2) -> Dataset:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
-from scripts.step_gradients import step_gradients
-from toy_envs import locker_factory
 
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
 from taspo_trl.rollout.records import Trajectory
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.helpers.step_gradients import step_gradients
+from tests.helpers.toy_envs import locker_factory
 
-SCRIPT = Path(__file__).parent / "scripts" / "step_gradients.py"
+SCRIPT = Path(__file__).parent / "helpers" / "step_gradients.py"
 GRADIENT_TOLERANCE = 1e-6
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
-from toy_envs import locker_factory
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer, encode_task_prompt
 from taspo_trl.testing import PlannedGenerator
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.helpers.toy_envs import locker_factory
 
 SPEC = {"target": 3, "max_turns": 2}
 # Two wins (locker 3 at once, then after one empty locker), one failure out of turns, one environment that never

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 from trl.trainer.utils import pad
@@ -24,6 +23,7 @@ from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_u
 from taspo_trl.rollout.layouts import build_rows
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
 from taspo_trl.trainers.step import StepView
+from tests.helpers.cpu_config import cpu_trainer_kwargs
 
 MAX_TURNS = 6
 

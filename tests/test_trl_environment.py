@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_config import cpu_trainer_kwargs
 from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_env_pool_workers import fault_factory
-from toy_envs import ScriptedGenerator, locker_factory
 from transformers import AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import llama3_1_chat_template, qwen2_5_chat_template
@@ -37,6 +34,9 @@ from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.trl_rollout import make_rollout_func
 from taspo_trl.testing import PlannedGenerator
+from tests.helpers.cpu_config import cpu_trainer_kwargs
+from tests.helpers.toy_envs import ScriptedGenerator, locker_factory
+from tests.test_env_pool_workers import fault_factory
 
 # ---- a small environment as a TRL user writes one ---------------------------------------------------------
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import trl
-from cpu_config import cpu_trainer_kwargs
+
+from tests.helpers.cpu_config import cpu_trainer_kwargs
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTED = re.search(r"^\s*(trl[<>=~!].*?)\s*$", (ROOT / "setup.cfg").read_text(), re.MULTILINE).group(1)

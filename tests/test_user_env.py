@@ -18,7 +18,7 @@ CPU = ["--report_to", "none", "--use_cpu", "true", "--bf16", "false", "--save_st
 def test_registered_environment_trains_one_step_and_evaluates_by_name(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
     train_main([
-        "--env_module", "user_env", "--environment", "lockers", "--model_name_or_path", tiny_model_dir,
+        "--env_module", "tests.helpers.user_env", "--environment", "lockers", "--model_name_or_path", tiny_model_dir,
         "--output_dir", str(run), "--max_tasks", "2", "--max_turns", "2", "--max_steps", "1",
         "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8", *CPU,
     ])
@@ -26,7 +26,7 @@ def test_registered_environment_trains_one_step_and_evaluates_by_name(tmp_path, 
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 1
 
     eval_main([
-        "--env_module", "user_env", "--environment", "lockers", "--splits", "test", "--model_name_or_path", str(run),
+        "--env_module", "tests.helpers.user_env", "--environment", "lockers", "--splits", "test", "--model_name_or_path", str(run),
         "--max_tasks", "3", "--max_turns", "1", "--max_completion_length", "8", "--results_dir", str(tmp_path / "eval"),
     ])
     result = json.loads((tmp_path / "eval" / "lockers_test.json").read_text())
@@ -57,7 +57,7 @@ def test_env_module_that_cannot_be_imported_stops_before_training(tiny_model_dir
 def test_rule_analyzer_on_an_environment_it_has_no_rules_for_is_refused_before_training(tmp_path, tiny_model_dir):
     from taspo_trl.cli import build_trainer
 
-    argv = ["--env_module", "user_env", "--environment", "lockers", "--model_name_or_path", tiny_model_dir,
+    argv = ["--env_module", "tests.helpers.user_env", "--environment", "lockers", "--model_name_or_path", tiny_model_dir,
             "--output_dir", str(tmp_path / "run"), "--max_tasks", "2", "--max_turns", "2", "--max_steps", "1",
             "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "8", *CPU]
     # TASPO's aligned PI is written by the analyzer: the ALFWorld rules would read the lockers' actions as nothing

@@ -471,7 +471,7 @@ def test_server_failures_end_the_episode_without_raising(official_url):
 
 
 def test_agent_loop_plays_webshop(embedded_tokenizer):
-    from toy_envs import ScriptedGenerator
+    from tests.helpers.toy_envs import ScriptedGenerator
 
     from taspo_trl.envs.base import task_spec_from_row
     from taspo_trl.rollout.chat import ChatFormat

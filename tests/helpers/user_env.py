@@ -1,14 +1,13 @@
-"""A user's own environment registered with its task rows: the module that ``--env_module user_env`` imports into
-``taspo-train`` and ``taspo-eval`` (tests/test_user_env.py). Importing it is the whole registration."""
+"""A user's own environment registered with its task rows: the module that ``--env_module tests.helpers.user_env``
+imports into ``taspo-train`` and ``taspo-eval`` (tests/test_user_env.py). Importing it is the whole registration."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from toy_envs import locker_factory
-
 from taspo_trl.envs import encode_task_prompt, register_env
+from tests.helpers.toy_envs import locker_factory
 
 
 def locker_rows(settings: Mapping[str, Any], max_turns: int | None) -> list[dict[str, Any]]:

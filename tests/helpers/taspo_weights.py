@@ -4,7 +4,7 @@ gathered per-turn weights, PI and per-turn advantages as JSON.
 Launched by tests/test_distributed.py once with one process and once with ``accelerate launch`` on two
 processes (gloo on CPU); the 4 siblings of the group are split 2 + 2 across processes in the second run.
 
-    python tests/scripts/taspo_weights.py MODEL_DIR GAME_FILE OUT_JSON [METHOD]   # METHOD: taspo (default), gigpo, ...
+    python tests/helpers/taspo_weights.py MODEL_DIR GAME_FILE OUT_JSON [METHOD]   # METHOD: taspo (default), gigpo, ...
 """
 
 from __future__ import annotations

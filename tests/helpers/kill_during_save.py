@@ -1,5 +1,5 @@
 """Run ``taspo-train`` and SIGKILL it at one chosen moment of a save: the fault a preempted machine, an OOM killer
-or ``kill -9`` leaves behind. Test-only; run as
+or ``kill -9`` leaves behind. Test-only; run with tests/helpers on ``PYTHONPATH`` as
 
     python -c "import kill_during_save; kill_during_save.main()" TRAIN_ARGS...
 

@@ -1,6 +1,6 @@
 """A replay server speaking the OpenAI chat-completions protocol, for analyzer tests over real HTTP.
 
-Run as a process (``python tests/analyzer_server.py``): it binds 127.0.0.1 on a free port and prints
+Run as a process (``python tests/helpers/analyzer_server.py``): it binds 127.0.0.1 on a free port and prints
 ``PORT <n>``. Tests script it over HTTP:
 
 - ``POST /_script`` ``{"rules": [{"match": "<substring of the request's messages>", "responses": [...]}]}``

@@ -10,7 +10,7 @@ failing groups, so with two processes one of them runs placeholder micro-batches
 Imported by tests/test_trainer_packing.py; launched with ``accelerate launch`` on two processes by the same
 test, when it writes the gradients of both runs to OUT (a torch file):
 
-    python tests/scripts/step_gradients.py MODEL_DIR LAYOUT OUT
+    python tests/helpers/step_gradients.py MODEL_DIR LAYOUT OUT
 """
 
 from __future__ import annotations
@@ -24,16 +24,15 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-# This checkout's package and tests/ (the shared CPU trainer settings, the toy environments), whatever the
-# working directory of the launch.
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
-
-from cpu_config import cpu_trainer_kwargs  # noqa: E402
-from toy_envs import locker_factory  # noqa: E402
+# This checkout's package and its tests.helpers (the shared CPU trainer settings, the toy environments), whatever
+# the working directory of the launch.
+sys.path[:0] = [str(Path(__file__).resolve().parents[2])]
 
 import taspo_trl.trainers.grpo as grpo_module  # noqa: E402
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt  # noqa: E402
 from taspo_trl.testing import PlannedGenerator  # noqa: E402
+from tests.helpers.cpu_config import cpu_trainer_kwargs  # noqa: E402
+from tests.helpers.toy_envs import locker_factory  # noqa: E402
 
 WIN_NOW = ["open locker 1"]
 WIN_LATE = ["open locker 2", "open locker 1"]
