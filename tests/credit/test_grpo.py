@@ -93,3 +93,23 @@ def test_group_properties(k, groups, data, shift):
     assert torch.allclose(adv, shifted, atol=1e-6, rtol=0)
     # |A_i| < sqrt(K - 1): (R - mu)/sigma is bounded by (n-1)/sqrt(n) for n samples.
     assert bool((adv.abs() <= math.sqrt(max(k - 1, 1)) + 1e-9).all())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tests written against the mutants that survived the credit modules' own tests (benchmarks/mutation.sh; the
+# list and the equivalent mutants are in benchmarks/results/mutation.md). Each names what it pins down.
+
+
+@pytest.mark.parametrize(
+    "rewards,group_size,delta,message",
+    [
+        (torch.zeros(2, 2), 2, 1e-4, r"rewards must be 1-D, got shape \(2, 2\)"),
+        (torch.zeros(4), 0, 1e-4, "group_size must be a positive int, got 0"),
+        (torch.zeros(3), 2, 1e-4, r"len\(rewards\)=3 is not a multiple of group_size=2"),
+        (torch.zeros(4), 2, 0.0, "delta must be > 0, got 0.0"),
+        (torch.tensor([1.0, float("inf")]), 2, 1e-4, r"rewards must be finite or NaN \(unscorable\); got an infinite reward"),
+    ],
+)
+def test_grpo_advantages_errors_name_the_bad_input(rewards, group_size, delta, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        grpo_outcome_advantages(rewards, group_size, delta=delta)

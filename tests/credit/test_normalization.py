@@ -147,3 +147,17 @@ def test_eq7_average_of_taspo_advantages_is_outcome_advantage(counts, data, adv)
     per_token_adv = broadcast_turn_values(adv * w, counts, dtype=torch.float64)
     mask = turn_balanced_token_mask(counts, dtype=torch.float64)
     assert float((per_token_adv * mask).sum()) == pytest.approx(adv, abs=1e-9)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tests written against the mutants that survived the credit modules' own tests (benchmarks/mutation.sh; the
+# list and the equivalent mutants are in benchmarks/results/mutation.md). Each names what it pins down.
+
+
+def test_turn_row_scales_errors_name_the_bad_value():
+    from taspo_trl.credit.normalization import turn_row_scales
+
+    with pytest.raises(ValueError, match=r"^num_trajectories must be > 0, got 0$"):
+        turn_row_scales([1, 2], 0)
+    with pytest.raises(ValueError, match=r"^a real row needs T_i >= 1, got 0$"):
+        turn_row_scales([2, 0, None], 2)

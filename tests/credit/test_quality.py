@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import random
+import re
 from itertools import product
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from taspo_trl.credit.quality import action_weights, credit_verdict, mann_whitney_auc
+from taspo_trl.credit.quality import (
+    BootstrapAUC,
+    Interval,
+    _percentiles,
+    action_weights,
+    credit_verdict,
+    mann_whitney_auc,
+)
 
 
 @pytest.mark.parametrize(
@@ -168,3 +178,243 @@ def test_credit_verdict_reads_the_interval_against_one_half(pool, low, high, mov
 def test_credit_verdict_names_an_unknown_pool():
     with pytest.raises(ValueError, match="pool must be 'success' or 'failed', got 'won'"):
         credit_verdict("won", 0.6, 0.7, 1.0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tests against the surviving mutants of ``credit/quality.py``: the exact percentile positions of the bootstrap
+# interval, the bounds of its settings, seeds and resample counts, references that are the method itself, pools
+# without both classes, boundary cases of ``credit_verdict`` and ``moved_share``, and the JSON shape of the results.
+#
+# Every expected value is worked out by hand in the test's docstring or comment.
+
+
+def _two_mirrored_groups() -> list[LabelledAction]:
+    """Group "a" ranks its positive first (AUC 1), group "b" its negative first (AUC 0); pooled, the positives
+    1.0, 0.0 against the negatives 0.0, 1.0 give pairs 0.5 + 1 + 0 + 0.5 = 2 of 4, AUC 0.5. A replicate draws two
+    groups: ("a", "a") has AUC 1, ("b", "b") AUC 0, a mixed draw AUC 0.5, and every replicate has both classes."""
+    return [
+        LabelledAction("a", {"m": 1.0, "flat": 1.0}, True),
+        LabelledAction("a", {"m": 0.0, "flat": 1.0}, False),
+        LabelledAction("b", {"m": 0.0, "flat": 1.0}, True),
+        LabelledAction("b", {"m": 1.0, "flat": 1.0}, False),
+    ]
+
+
+def _varied_groups() -> list[LabelledAction]:
+    """Eight groups of three actions with distinct weights, so that different draws give different AUCs."""
+    rng = np.random.default_rng(7)
+    return [LabelledAction(g, {"m": float(rng.normal())}, k != 1) for g in range(8) for k in range(3)]
+
+
+# --- the percentile interval ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("level", "low", "high"),
+    [
+        # tail (1 - 0.95) / 2 * 100 = 2.5: positions 0.025 * 4 = 0.1 and 0.975 * 4 = 3.9 of the sorted list,
+        # linearly interpolated: 0 + 0.1 * 10 = 1 and 30 + 0.9 * 10 = 39.
+        (0.95, 1.0, 39.0),
+        # tail 25: positions 1 and 3, the values 10 and 30.
+        (0.5, 10.0, 30.0),
+        # tail 40: positions 1.6 and 2.4: 10 + 0.6 * 10 = 16 and 20 + 0.4 * 10 = 24.
+        (0.2, 16.0, 24.0),
+    ],
+)
+def test_interval_bounds_are_linear_percentiles_of_the_replicates(level: float, low: float, high: float) -> None:
+    """The bounds are the (1 - level) / 2 and (1 + level) / 2 quantiles of the replicates, read at position
+    q * (n - 1) of the sorted values with linear interpolation (numpy's default percentile); here the replicates
+    are 40, 0, 30, 10, 20 (n = 5, given unsorted)."""
+    assert _percentiles([40.0, 0.0, 30.0, 10.0, 20.0], level) == pytest.approx((low, high), rel=1e-12)
+
+
+def test_no_replicates_give_no_bounds() -> None:
+    assert _percentiles([], 0.95) == (None, None)
+
+
+def test_mirrored_groups_span_the_whole_range_of_replicate_aucs() -> None:
+    """Two mirrored groups (``_two_mirrored_groups``): the replicates are AUC 1, 0.5, 0 with probabilities 1/4,
+    1/2, 1/4. Of 400 replicates about 100 are 0 and 100 are 1; the 2.5 % bound sits at position 0.025 * 399 = 9.98
+    of the sorted replicates, so it is 0 as soon as 11 replicates are 0 (and the 97.5 % bound 1 as soon as 11 are
+    1): P(Binomial(400, 1/4) <= 10) is below 1e-30. The flat method ties everything: AUC 0.5 in every replicate."""
+    result = group_bootstrap_auc(_two_mirrored_groups(), ["m"], references=["flat"], resamples=400, seed=5)
+    assert result.kept == 400
+    auc = result.intervals["m"]["auc"]
+    assert (auc.estimate, auc.low, auc.high) == (0.5, 0.0, 1.0)
+    diff = result.intervals["m"]["minus_flat"]  # the replicate's AUC minus 0.5: -0.5, 0 or 0.5
+    assert (diff.estimate, diff.low, diff.high) == (0.0, -0.5, 0.5)
+
+
+# --- settings, seeds and resample counts ---------------------------------------------------------------------------
+
+
+_SETTINGS_MESSAGE = "resamples must be >= 1 and level in (0, 1), got {} and {}"
+
+
+@pytest.mark.parametrize(("resamples", "level"), [(0, 0.95), (-3, 0.95), (10, 0.0), (10, 1.0), (10, 1.5), (10, -0.2)])
+def test_bootstrap_settings_outside_their_range_are_refused(resamples: int, level: float) -> None:
+    message = _SETTINGS_MESSAGE.format(resamples, level)
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        group_bootstrap_auc(_two_mirrored_groups(), ["m"], resamples=resamples, level=level)
+
+
+def test_a_single_resample_is_allowed() -> None:
+    """resamples = 1 is in range: one replicate, so both bounds are its AUC, which is 1, 0.5 or 0 (the mirrored
+    groups); the estimate is the pooled 0.5."""
+    result = group_bootstrap_auc(_two_mirrored_groups(), ["m"], resamples=1)
+    assert (result.kept, result.resamples) == (1, 1)
+    auc = result.intervals["m"]["auc"]
+    assert auc.estimate == 0.5
+    assert auc.low == auc.high
+    assert auc.low in (0.0, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("level", [1e-9, 0.999999])
+def test_levels_just_inside_the_open_interval_are_allowed(level: float) -> None:
+    result = group_bootstrap_auc(_two_mirrored_groups(), ["m"], resamples=3, level=level)
+    assert result.kept == 3
+
+
+def test_the_default_is_2000_resamples() -> None:
+    """Two copies of one group (a positive above a negative): every replicate has AUC 1, none is dropped."""
+    actions = [LabelledAction(g, {"m": w}, y) for g in range(2) for w, y in [(1.0, True), (0.0, False)]]
+    result = group_bootstrap_auc(actions, ["m"])
+    assert (result.kept, result.resamples) == (2000, 2000)
+    assert result.as_dict()["resamples"] == 2000
+
+
+@pytest.mark.parametrize("resamples", [1, 7, 30])
+def test_the_result_reports_the_resamples_asked_for(resamples: int) -> None:
+    """Identical groups: every replicate has both classes, so all are kept."""
+    actions = [LabelledAction(g, {"m": w}, y) for g in range(3) for w, y in [(0.2, True), (0.7, False)]]
+    result = group_bootstrap_auc(actions, ["m"], resamples=resamples)
+    assert (result.kept, result.resamples) == (resamples, resamples)
+    auc = result.intervals["m"]["auc"]
+    assert (auc.estimate, auc.low, auc.high) == (0.0, 0.0, 0.0)
+
+
+def test_a_seed_reproduces_its_interval_and_different_seeds_differ() -> None:
+    """Eight groups with distinct weights and 20 replicates: each bound interpolates between two replicate AUCs,
+    so two seeds (and two unseeded runs) agree on both bounds only by a coincidence of draws."""
+    actions = _varied_groups()
+    bounds = {}
+    for seed in range(4):
+        first = group_bootstrap_auc(actions, ["m"], resamples=20, seed=seed).intervals["m"]["auc"]
+        again = group_bootstrap_auc(actions, ["m"], resamples=20, seed=seed).intervals["m"]["auc"]
+        assert first == again
+        bounds[seed] = (first.low, first.high)
+    assert len(set(bounds.values())) == 4
+
+
+def test_the_default_seed_is_zero() -> None:
+    actions = _varied_groups()
+    default = group_bootstrap_auc(actions, ["m"], resamples=20)
+    assert default == group_bootstrap_auc(actions, ["m"], resamples=20, seed=0)
+    assert default != group_bootstrap_auc(actions, ["m"], resamples=20, seed=1)
+
+
+# --- references and undefined AUCs ---------------------------------------------------------------------------------
+
+
+def test_a_reference_that_is_the_method_itself_is_skipped_not_the_later_ones() -> None:
+    """References ["m", "flat"] for method "m": no "minus_m" entry, and "minus_flat" is still there; one group
+    with the positive above the negative: AUC 1, the flat method 0.5, difference 0.5 in every replicate."""
+    actions = [LabelledAction(0, {"m": 1.0, "flat": 1.0}, True), LabelledAction(0, {"m": 0.0, "flat": 1.0}, False)]
+    entry = group_bootstrap_auc(actions, ["m"], references=["m", "flat"], resamples=5).intervals["m"]
+    assert set(entry) == {"auc", "minus_flat"}
+    diff = entry["minus_flat"]
+    assert (diff.estimate, diff.low, diff.high) == (0.5, 0.5, 0.5)
+
+
+def test_a_pool_without_negatives_has_no_auc_and_no_difference() -> None:
+    """Only positives: neither method has an AUC, on the pool or on any replicate."""
+    actions = [LabelledAction(g, {"m": float(g), "flat": 1.0}, True) for g in range(3)]
+    result = group_bootstrap_auc(actions, ["m"], references=["flat"], resamples=10)
+    assert result.kept == 0
+    assert result.intervals["m"]["auc"] == Interval(None, None, None)
+    assert result.intervals["m"]["minus_flat"] == Interval(None, None, None)
+
+
+# --- the Mann-Whitney AUC ------------------------------------------------------------------------------------------
+
+
+def test_labels_given_as_zero_and_one_count_like_booleans() -> None:
+    """Positives 0.35, 0.8 against negatives 0.1, 0.4: 3 of the 4 pairs ordered right, whether the labels are
+    booleans, 0/1 integers or a numpy integer array."""
+    scores = [0.1, 0.4, 0.35, 0.8]
+    assert mann_whitney_auc(scores, [0, 0, 1, 1]) == 0.75
+    assert mann_whitney_auc(scores, np.array([0, 0, 1, 1])) == 0.75
+    assert mann_whitney_auc(scores, [False, False, True, True]) == 0.75
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(-3, 3), st.booleans()), min_size=2, max_size=12).filter(
+        lambda pairs: len({y for _, y in pairs}) == 2
+    )
+)
+def test_auc_of_negated_scores_is_one_minus_the_auc(pairs: list[tuple[int, bool]]) -> None:
+    """Reversing the order turns every won pair into a lost one and keeps the ties: AUC(-s) = 1 - AUC(s)."""
+    scores = [float(s) for s, _ in pairs]
+    labels = [y for _, y in pairs]
+    forward = mann_whitney_auc(scores, labels)
+    backward = mann_whitney_auc([-s for s in scores], labels)
+    assert forward is not None and backward is not None
+    assert forward + backward == pytest.approx(1.0)
+
+
+# --- moved_share and credit_verdict --------------------------------------------------------------------------------
+
+
+def test_a_weight_exactly_at_the_tolerance_has_not_moved() -> None:
+    """|1.5 - 1| = 0.5 is not more than the tolerance 0.5; |1.75 - 1| = 0.75 is: 1 of the 2 trajectories moved
+    (all numbers exact in binary)."""
+    assert moved_share([[1.5], [1.0, 1.75]], tolerance=0.5) == 0.5
+    assert moved_share([[1.5, 0.5]], tolerance=0.5) == 0.0
+
+
+@pytest.mark.parametrize("pool", ["success", "failed"])
+def test_an_interval_starting_at_one_half_holds_it(pool: str) -> None:
+    """[0.5, 0.7] touches 0.5, so it does not lie above it."""
+    assert credit_verdict(pool, 0.5, 0.7, 1.0) == "no clear effect"
+
+
+@pytest.mark.parametrize(("low", "high"), [(None, 0.7), (0.6, None), (None, 0.3), (0.2, None)])
+def test_a_missing_bound_means_no_credit_moved(low: float | None, high: float | None) -> None:
+    assert credit_verdict("success", low, high, 1.0) == "no credit moved"
+    assert credit_verdict("failed", low, high, 0.5) == "no credit moved"
+
+
+def test_an_unknown_pool_is_named_in_full() -> None:
+    message = "pool must be 'success' or 'failed', got 'won'"
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        credit_verdict("won", 0.6, 0.7, 1.0)
+
+
+# --- the JSON shape ------------------------------------------------------------------------------------------------
+
+
+def test_an_interval_as_a_dict() -> None:
+    assert Interval(0.75, 0.5, None).as_dict() == {"estimate": 0.75, "low": 0.5, "high": None}
+
+
+def test_a_bootstrap_result_as_a_dict() -> None:
+    result = BootstrapAUC(
+        {
+            "m": {"auc": Interval(0.75, 0.5, 1.0), "minus_flat": Interval(0.25, 0.0, 0.5)},
+            "n": {"auc": Interval(None, None, None)},
+        },
+        kept=9,
+        resamples=10,
+    )
+    assert result.as_dict() == {
+        "kept": 9,
+        "resamples": 10,
+        "methods": {
+            "m": {
+                "auc": {"estimate": 0.75, "low": 0.5, "high": 1.0},
+                "minus_flat": {"estimate": 0.25, "low": 0.0, "high": 0.5},
+            },
+            "n": {"auc": {"estimate": None, "low": None, "high": None}},
+        },
+    }

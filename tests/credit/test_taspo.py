@@ -408,3 +408,69 @@ def test_token_kappa_filter():
     assert [w.tolist() for w in ws] == [[1.0], [1.0, 1.0]]
     # Without the filter they differ: d_hat = [-1/300, 1/60, -1/75] -> weights away from 1.
     assert not torch.equal(taspo_token_weights([[0.01], [0.03, 0.0]], 1.0)[0], torch.ones(1, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tests written against the mutants that survived the credit modules' own tests (benchmarks/mutation.sh; the
+# list and the equivalent mutants are in benchmarks/results/mutation.md). Each names what it pins down.
+
+
+# Argument checks, defaults and dtypes the paper-property tests leave open
+
+
+def test_taspo_argument_errors_name_the_bad_value():
+    from taspo_trl.credit import taspo
+
+    cases = [
+        (lambda: taspo.taspo_weights([0.1, 0.2], float("nan")), r"^advantage must be finite, got nan$"),
+        (lambda: taspo.clip_token_shifts([[0.1]]), r"^token_shifts must be 1-D \(one action span\), got shape \(1, 1\)$"),
+        (lambda: taspo.clip_token_shifts([0.1], c_delta=0.0), r"^c_delta must be a finite number > 0, got 0.0$"),
+        (lambda: taspo.clip_token_shifts([0.1], kappa=-1.0), r"^kappa must be None \(no filter\) or a finite number >= 0, got -1.0$"),
+        (lambda: taspo.taspo_weights([0.1, 0.2], 1.0, tau=0.0), r"^tau must be a finite number > 0, got 0.0$"),
+        (lambda: taspo.taspo_weights([0.1, 0.2], 1.0, eps_w=1.0), r"^eps_w must satisfy 0 <= eps_w < 1, got 1.0$"),
+        (lambda: taspo.taspo_weights(torch.zeros(2, 2), 1.0), r"^action_scores must be 1-D, got shape \(2, 2\)$"),
+        (lambda: taspo.mean_one_weights(torch.zeros(2), eps_w=1.0), r"^eps_w must satisfy 0 <= eps_w < 1, got 1.0$"),
+        (lambda: taspo.support_scores(torch.zeros(2), 0.0), r"^Eq. 5 is undefined for A_i == 0; use taspo_weights, which falls back to unit weights$"),
+        (lambda: taspo.support_scores(torch.zeros(2), 1.0, tau=0.0), r"^tau must be a finite number > 0, got 0.0$"),
+        (lambda: taspo.support_scores(torch.zeros(2), 1.0, tau=-1.0), r"^tau must be a finite number > 0, got -1.0$"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+    for eps_w in (1.0, 1.5):  # w = 1 + (eps_w / 2)(q - mean q) reaches 0 at eps_w = 1: refused
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.taspo_weights([0.1, 0.2], 1.0, eps_w=eps_w)
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.mean_one_weights(torch.zeros(2), eps_w=eps_w)
+    # refused in the fallbacks too (one scorable turn or token, none at all), where Eq. 6 never runs
+    for scores, shifts in (([0.1], [[0.1]]), ([None, None], [None, None])):
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.taspo_weights(scores, 1.0, eps_w=1.0)
+        with pytest.raises(ValueError, match="eps_w"):
+            taspo.taspo_token_weights(shifts, 1.0, eps_w=1.5)
+    with pytest.raises(ValueError, match="kappa"):  # checked even when no turn has shifts
+        taspo.taspo_token_weights([None, None], 1.0, kappa=-1.0)
+
+
+def test_taspo_defaults_and_float64_outputs():
+    """The paper's defaults (tau 0.5, eps_w 0.4) in the pure functions, and float64 whatever the input dtype."""
+    from taspo_trl.credit import taspo
+
+    q = torch.tensor([1.0, -1.0], dtype=torch.float32)
+    assert taspo.mean_one_weights(q).tolist() == pytest.approx([1.2, 0.8])  # 1 + (0.4 / 2)(q - 0)
+    assert taspo.support_scores(torch.tensor([0.5, -0.5]), 1.0).tolist() == pytest.approx([math.tanh(1.0), -math.tanh(1.0)])
+    assert taspo.center_scores(q).dtype == torch.float64
+    assert taspo.mean_one_weights(q).dtype == torch.float64
+    assert taspo.support_scores(q, -1.0).dtype == torch.float64
+
+
+def test_taspo_token_level_counts_and_clips_every_scored_turn():
+    from taspo_trl.credit import taspo
+
+    # an unscored turn first must not stop the count of the scored tokens after it
+    assert taspo.taspo_token_fallback_reason([None, [0.1, 0.2]], 1.0) is None
+    assert taspo.taspo_token_fallback_reason([None, [0.1]], 1.0) == "few_scorable"
+    # c_delta reaches the token clip: shifts 0.5 and 3 clip to 0.5 and 1 (c = 1), not to 0.5 and 2 (the default)
+    weights = taspo.taspo_token_weights([[0.5, 3.0]], 1.0, c_delta=1.0, tau=1.0, eps_w=0.4)
+    q = math.tanh(0.25)  # centred clipped scores -0.25, +0.25
+    assert torch.cat(weights).tolist() == pytest.approx([1 - 0.2 * q, 1 + 0.2 * q])
