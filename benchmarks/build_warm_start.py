@@ -6,7 +6,7 @@
 
 The build is ``taspo_trl.warmstart.train_warm_start`` on the spec in ``WARM_STARTS`` (the one the package falls
 back to when the shipped fingerprint does not match), under bf16 autocast where the hardware computes bf16
-(``--bf16 true/false`` to choose). ``tests/test_warmstart.py`` fails while the shipped fingerprint is stale,
+(``--bf16 true/false`` to choose). ``tests/package/test_warmstart.py`` fails while the shipped fingerprint is stale,
 after a change to any module in ``warmstart._DATA_MODULES``. ``--revalidate`` then replays the demonstrations
 (minutes, no training): where the rows a build would train on hash as the shipped record's ``data_sha256``, the
 change left the weights as they were and the record takes today's code hash; otherwise it says to rebuild.

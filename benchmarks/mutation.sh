@@ -2,9 +2,9 @@
 # Mutation score of the credit path, one module at a time, with mutmut (pip install mutmut; 3.x).
 #
 #   benchmarks/mutation.sh MODULE [TEST_FILE ...]
-#   e.g. benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py
+#   e.g. benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/credit/test_taspo.py
 #   LABEL=after SURVIVORS_OF=benchmarks/results/mutation_taspo_before.json \
-#       benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/test_credit_taspo.py tests/test_credit_mutation_kills.py
+#       benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/credit/test_taspo.py
 #
 # MUTMUT_SECONDS bounds the run (a partial result: the unchecked mutants are counted as "not checked").
 # LABEL names the result (mutation_<module>_<LABEL>.json). SURVIVORS_OF reruns only the survivors of an earlier

@@ -5,7 +5,7 @@
 
 No figure on the page is typed by hand: each table is rendered from one result file, with that file's provenance
 (date, commit, CPU model and flags, command). The README's results table (between its ``results:start`` and
-``results:end`` markers) is rendered from the same files. tests/test_results_page.py fails when the committed
+``results:end`` markers) is rendered from the same files. tests/benchmarks/test_results_page.py fails when the committed
 page or README and the JSON disagree, so a rerun that changes a figure also changes both.
 """
 

@@ -230,7 +230,7 @@ class AgentGRPOConfig(GRPOConfig):
 
     def _refuse_trl_settings_the_agent_loop_ignores(self) -> None:
         """`AgentGRPOTrainer._generate_and_score_completions` replaces TRL's; a `GRPOConfig` setting it does not
-        reproduce is refused here rather than silently ignored (tests/test_trainer_grpo_fidelity.py audits every
+        reproduce is refused here rather than silently ignored (tests/trainers/test_grpo_fidelity.py audits every
         field)."""
         if self.scale_rewards not in ("group", "none"):
             raise ValueError(

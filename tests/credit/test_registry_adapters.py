@@ -1,5 +1,6 @@
 """The registered credit methods called directly, as ``BaselineTrainer`` calls them (``credit.registry``), on
-tiny hand-made batches: fast checks of what the slow end-to-end tests (``test_credit_reaches_loss.py``) cover.
+tiny hand-made batches: fast checks of what the slow end-to-end tests
+(``tests/trainers/test_credit_reaches_loss.py``) cover.
 
 Each adapter reads its settings from the trainer config and forwards them, with the batch or the teacher gaps, to
 the pure functions of ``credit.baselines`` and ``credit.distillation``. ``args`` here is a ``SimpleNamespace``

@@ -7,7 +7,7 @@ fixed whatever order the sampler draws tasks in. Process 0 holds one group with 
 (nonzero advantages) and one group of four failures (advantages all 0); any further process holds only
 failing groups, so with two processes one of them runs placeholder micro-batches only.
 
-Imported by tests/test_trainer_packing.py; launched with ``accelerate launch`` on two processes by the same
+Imported by tests/trainers/test_packing.py; launched with ``accelerate launch`` on two processes by the same
 test, when it writes the gradients of both runs to OUT (a torch file):
 
     python tests/helpers/step_gradients.py MODEL_DIR LAYOUT OUT

@@ -1,7 +1,7 @@
 """Runs one credit computation (TASPO's, or a registered method's such as GiGPO) on a fixed group and writes the
 gathered per-turn weights, PI and per-turn advantages as JSON.
 
-Launched by tests/test_distributed.py once with one process and once with ``accelerate launch`` on two
+Launched by tests/trainers/test_distributed.py once with one process and once with ``accelerate launch`` on two
 processes (gloo on CPU); the 4 siblings of the group are split 2 + 2 across processes in the second run.
 
     python tests/helpers/taspo_weights.py MODEL_DIR GAME_FILE OUT_JSON [METHOD]   # METHOD: taspo (default), gigpo, ...

@@ -1,5 +1,6 @@
 """A user's own environment registered with its task rows: the module that ``--env_module tests.helpers.user_env``
-imports into ``taspo-train`` and ``taspo-eval`` (tests/test_user_env.py). Importing it is the whole registration."""
+imports into ``taspo-train`` and ``taspo-eval`` (tests/envs/test_user_env.py). Importing it is the whole
+registration."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def test_an_outcome_method_gives_the_same_credit_on_two_processes_as_on_one(tmp_
     assert any(len(set(turns)) > 1 for turns in one["turn_advantages"])
 
 
-@pytest.mark.slow  # about a minute; the test above and test_trainer_packing.py run two processes by default
+@pytest.mark.slow  # about a minute; the test above and test_packing.py run two processes by default
 def test_two_process_quickstart_recipe_trains_and_evaluates(tmp_path, tiny_model_dir):
     """The shipped 2-process CPU accelerate config runs a quickstart recipe; taspo-eval then scores the result."""
     root = Path(__file__).resolve().parents[2]
