@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -34,8 +35,8 @@ HEADER = """# Results
 
 Every figure here is generated from the JSON file named under its heading, by `python benchmarks/results_page.py`;
 the test suite fails when this page and those files disagree. Each section says when, on which commit, on which
-CPU and with which command its result was measured. Earlier measurements and the settings tried along the way are
-in the [experiment log](experiment-log.md).
+CPU and with which command its result was measured. Only the current results are here; earlier ones are in the
+git history of `benchmarks/results/`.
 """
 
 
@@ -503,42 +504,39 @@ def gpu_check(result: dict[str, Any]) -> str:
 
 
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
-CREDIT_QUALITY = "credit_quality_sampled_float32.json"  # every method; seeds 0-4 on the AVX2-only box
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_BF16 = "credit_quality_sampled_bf16_replication.json"  # every method again, AVX512-BF16 box
-CREDIT_QUALITY_EARLIER = "credit_quality_sampled_bf16.json"  # the same games and seeds, an earlier bf16 run
-CREDIT_QUALITY_240 = "credit_quality_240_games_bf16.json"  # the previous 240-game warm start, fresh games, bf16
-CREDIT_QUALITY_SHIPPED = "credit_quality_alfworld_bf16.json"  # the shipped warm start (240 games + corrections), bf16
-CREDIT_QUALITY_SHIPPED_XEON = "credit_quality_alfworld_bf16_xeon.json"  # the same setting on the AMX Xeon, 3 methods
-WARM_START_EVAL = ("warm_start_eval_six_games.json", "warm_start_eval_240_games.json", "warm_start_eval.json")  # the six-game warm start, the 240-game one, the shipped one
-PI_SPECIFICITY = ("pi_specificity_240_games.json", "pi_specificity_240_games_unseen.json",  # the previous warm start
-                  "pi_specificity.json", "pi_specificity_unseen.json")  # the shipped one
+CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start, sampled siblings
+CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_xeon.json"  # the same, on another CPU
+WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
+PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
 QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
 
+QUICKSTART_TITLE = "The first command from a fresh clone"
+WARM_START_TITLE = "The warm start: does it play games it never saw?"
+PI_TITLE = "Does the policy read its privileged context?"
+CREDIT_TITLE = "Credit quality on ALFWorld with the shipped warm start"
+CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
+SEARCH_TITLE = "Credit quality on Search-QA, every method"
+WEBSHOP_TITLE = "Credit quality on WebShop, every method"
+CURVE_TITLE = "Learning-curve pilot, CPU setting"
+CURVE_LR_TITLE = "Learning-curve pilot: GRPO at five times the learning rate"
+
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
-    ("Credit quality with the shipped warm start (240 games + corrections)", (CREDIT_QUALITY_SHIPPED,),
-     credit_quality),
-    ("Credit quality with the shipped warm start: played again on another CPU",
-     (CREDIT_QUALITY_SHIPPED, CREDIT_QUALITY_SHIPPED_XEON), credit_replication),
-    ("Credit quality with the previous 240-game warm start", (CREDIT_QUALITY_240,), credit_quality),
-    ("Credit quality: does the credit go to the actions that mattered?", (CREDIT_QUALITY,), credit_quality),
-    ("Credit quality: do the verdicts replicate?", (CREDIT_QUALITY, CREDIT_QUALITY_BF16), credit_replication),
-    ("Credit quality under bf16 autocast, every method", (CREDIT_QUALITY_BF16,), credit_quality),
-    ("Credit quality, the earlier run (2 Dec, bf16)", (CREDIT_QUALITY_EARLIER,), credit_quality),
-    ("Credit quality on Search-QA, every method", (CREDIT_QUALITY_SEARCH,), credit_quality),
-    ("Credit quality on WebShop, every method", (CREDIT_QUALITY_WEBSHOP,), credit_quality),
-    ("Learning curve (CPU setting)", ("learning_curve_cpu.json",), learning_curve),
-    ("Learning-curve pilot: GRPO at five times the learning rate", (LEARNING_CURVE_LR,),
-     lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
-    ("The first command from a fresh clone", QUICKSTART, quickstart),
+    (QUICKSTART_TITLE, QUICKSTART, quickstart),
+    (WARM_START_TITLE, WARM_START_EVAL, warm_start),
+    (PI_TITLE, PI_SPECIFICITY, pi_specificity),
+    ("The warm start's build", ("warm_start_build.json",), warm_start_build),
+    (CREDIT_TITLE, (CREDIT_QUALITY_ALFWORLD,), credit_quality),
+    (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
+    (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
+    (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
+    (CURVE_TITLE, ("learning_curve_cpu.json",), learning_curve),
+    (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
     ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
-    ("The warm start: does it play games it never saw?", WARM_START_EVAL, warm_start),
-    ("The warm start's build", ("warm_start_build.json",), warm_start_build),
-    ("Does the policy read its privileged context?", PI_SPECIFICITY, pi_specificity),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
      gpu_check),
 ]
@@ -609,47 +607,45 @@ def _summary_warm_start(*results: dict[str, Any]) -> str:
     return "; ".join(rows)
 
 
-SUMMARY: list[tuple[str, tuple[str, ...], str, Callable[..., str]]] = [
-    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
-     "won / failed", (CREDIT_QUALITY_SHIPPED,), "credit-quality-with-the-shipped-warm-start-240-games-corrections",
-     _summary_verdicts),
-    ("The same, played again on another CPU: (method, pool) verdicts that hold",
-     (CREDIT_QUALITY_SHIPPED, CREDIT_QUALITY_SHIPPED_XEON),
-     "credit-quality-with-the-shipped-warm-start-played-again-on-another-cpu", _summary_replication),
-    ("Credit quality on ALFWorld with the previous 240-game warm start (sampled siblings on games it never saw, bf16): "
-     "verdict won / failed", (CREDIT_QUALITY_240,), "credit-quality-with-the-previous-240-game-warm-start",
-     _summary_verdicts),
-    ("Credit quality on ALFWorld with the six-game warm start, two warm starts ago (sampled siblings): verdict won / "
-     "failed, from "
-     "the AUC of the action weights against the planner's progress labels and its 95 % group-bootstrap interval",
-     (CREDIT_QUALITY,), "credit-quality-does-the-credit-go-to-the-actions-that-mattered", _summary_verdicts),
-    ("Credit quality on ALFWorld replayed in another precision: (method, pool) verdicts that hold",
-     (CREDIT_QUALITY, CREDIT_QUALITY_BF16), "credit-quality-do-the-verdicts-replicate", _summary_replication),
-    ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_SEARCH,),
-     "credit-quality-on-search-qa-every-method", _summary_verdicts),
-    ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", (CREDIT_QUALITY_WEBSHOP,),
-     "credit-quality-on-webshop-every-method", _summary_verdicts),
-    ("Learning curves, CPU setting: GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games",
-     ("learning_curve_cpu.json",), "learning-curve-cpu-setting",
-     _summary_curve),
-    ("Learning-curve pilot: GRPO with learning rate 5e-5 (five times the recipe's)", (LEARNING_CURVE_LR,),
-     "learning-curve-pilot-grpo-at-five-times-the-learning-rate", _summary_curve),
+SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
     ("The first command above from a fresh clone (empty model cache): wall time, peak memory, precision",
-     QUICKSTART, "the-first-command-from-a-fresh-clone", _summary_quickstart),
+     QUICKSTART_TITLE, _summary_quickstart),
     ("The embedded warm start on ALFWorld games it never saw: `eval_unseen` wins (95 % interval), and fresh train "
-     "games with a win among 4 sampled siblings", WARM_START_EVAL, "the-warm-start-does-it-play-games-it-never-saw",
-     _summary_warm_start),
+     "games with a win among 4 sampled siblings", WARM_START_TITLE, _summary_warm_start),
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
-     "guidance closes", PI_SPECIFICITY, "does-the-policy-read-its-privileged-context", _summary_pi),
+     "guidance closes", PI_TITLE, _summary_pi),
+    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
+     "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
+     "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
+    ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
+     _summary_replication),
+    ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", SEARCH_TITLE, _summary_verdicts),
+    ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", WEBSHOP_TITLE, _summary_verdicts),
+    ("Learning curves, CPU setting: GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games", CURVE_TITLE,
+     _summary_curve),
+    ("Learning-curve pilot: GRPO with learning rate 5e-5 (five times the recipe's)", CURVE_LR_TITLE, _summary_curve),
 ]
+"""The README's rows: what the figure is, the title of the results section it summarises (and links to), and the
+function that summarises that section's files."""
+
+
+def anchor(title: str) -> str:
+    """The heading id of a section title, as the docs site (Python-Markdown's ``toc``) and GitHub both make it: a
+    title whose punctuation would make the two differ (" + ", "/", a dash between spaces) is refused."""
+    kept = re.sub(r"[^\w\s-]", "", title).strip().lower()
+    slug, github = re.sub(r"[-\s]+", "-", kept), kept.replace(" ", "-")
+    if github != slug:
+        raise ValueError(f"section title {title!r} gets other anchors on the docs site and on GitHub: reword it")
+    return slug
 
 
 def render_readme_table(results_dir: Path = RESULTS) -> str:
     """The README's results table, from the same files as the results page."""
     rows = ["| what | figure | details |", "|---|---|---|"]
-    for what, file_names, anchor, summary in SUMMARY:
-        results = [json.loads((results_dir / name).read_text()) for name in file_names]
-        rows.append(f"| {what} | {summary(*results)} | [results](docs/results.md#{anchor}) |")
+    sections = {title: file_names for title, file_names, _ in SECTIONS}
+    for what, title, summary in SUMMARY:
+        results = [json.loads((results_dir / name).read_text()) for name in sections[title]]
+        rows.append(f"| {what} | {summary(*results)} | [results](docs/results.md#{anchor(title)}) |")
     return "\n".join(rows)
 
 

@@ -8,10 +8,14 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from taspo_trl.provenance import provenance, source_commit
+
+# A credit-quality result of an earlier warm start, no longer on the page: the rendering tests' fixed input.
+EARLIER_RUN = Path(__file__).parent / "fixtures" / "credit_quality_sampled_bf16.json"
 
 
 @pytest.fixture(scope="module")
@@ -26,24 +30,30 @@ def test_committed_results_page_matches_the_json(page):
 def test_readme_results_table_matches_the_json(page):
     readme = page.README.read_text(encoding="utf-8")
     assert page.with_readme_table(readme, page.render_readme_table()) == readme, "run python benchmarks/results_page.py"
-    alfworld = next(line for line in readme.splitlines() if line.startswith("| Credit quality on ALFWorld with the six-game"))
-    methods = json.loads((page.RESULTS / page.CREDIT_QUALITY).read_text())["methods"]
+    alfworld = next(line for line in readme.splitlines() if line.startswith("| Credit quality on ALFWorld with the"))
+    methods = json.loads((page.RESULTS / page.CREDIT_QUALITY_ALFWORLD).read_text())["methods"]
     named = set(re.findall(r"(\w+)(?=[,:] )", alfworld.split(" | ")[1]))
     assert named == set(methods) - {"grpo"}
+
+
+def test_a_credit_table_row_reads_its_scores_intervals_and_verdicts(page):
+    data = json.loads(EARLIER_RUN.read_text())
+    assert data["methods"]["taspo"]["scores"]["success"]["auc"] == pytest.approx(0.5750558)
+    assert "| taspo | 0.575 [0.484, 0.657] |" in page.credit_quality(data)
+    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
+    assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | no clear effect | 0.430 [0.354, 0.498] | 0.93 | right way |" in \
+        page.credit_quality(data)
 
 
 def test_a_changed_json_value_changes_the_page(page, tmp_path):
     results = tmp_path / "results"
     shutil.copytree(page.RESULTS, results)
-    path = results / "credit_quality_sampled_bf16.json"
-    data = json.loads(path.read_text())
-    assert data["methods"]["taspo"]["scores"]["success"]["auc"] == pytest.approx(0.5750558)
-    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.61
-    path.write_text(json.dumps(data))
-    changed = page.render(results)
-    assert "| taspo | 0.610 [0.484, 0.657] | 0.68 | no clear effect | 0.430 [0.354, 0.498] | 0.93 | right way |" in changed
-    assert "| taspo | 0.575 [0.484, 0.657] |" in page.render() and changed != page.render()
-    current = results / "credit_quality_sampled_float32.json"  # the README summarises the current run
+    current = results / page.CREDIT_QUALITY_ALFWORLD  # the README summarises it
+    data = json.loads(current.read_text())
+    won = data["methods"]["taspo"]["scores"]["success"]["auc"]
+    data["methods"]["taspo"]["scores"]["success"]["auc"] = 0.111
+    current.write_text(json.dumps(data))
+    assert f"| taspo | {won:.3f} [" in page.render() and "| taspo | 0.111 [" in page.render(results)
     data = json.loads(current.read_text())
     intervals = data["methods"]["taspo"]["intervals"]
     intervals["success"]["auc"].update(low=0.2, high=0.3)  # below 0.5 on won trajectories: wrong way
@@ -55,7 +65,7 @@ def test_a_changed_json_value_changes_the_page(page, tmp_path):
 
 def test_check_mode_fails_on_a_stale_page_or_readme(page, tmp_path, monkeypatch, capsys):
     stale, readme = tmp_path / "results.md", tmp_path / "README.md"
-    stale.write_text(page.render().replace("0.575", "0.999"), encoding="utf-8")
+    stale.write_text(re.sub(r"\d\.\d{3}", "9.999", page.render(), count=1), encoding="utf-8")
     readme.write_text(page.README.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr(page, "PAGE", stale)
     monkeypatch.setattr(page, "README", readme)
@@ -128,7 +138,7 @@ def test_a_run_records_the_commit_it_started_from_when_head_moves_before_it_ends
 
 
 def test_replication_says_whether_each_verdict_holds(page):
-    earlier = json.loads((page.RESULTS / "credit_quality_sampled_bf16.json").read_text())
+    earlier = json.loads(EARLIER_RUN.read_text())
     current = json.loads(json.dumps(earlier))
     del current["superseded"]
     current["methods"]["taspo"]["intervals"]["failed"]["auc"].update(low=0.45, high=0.55)  # now holds 0.5
@@ -260,3 +270,13 @@ def test_a_precision_chosen_for_several_reasons_reads_with_the_seeds_of_each(pag
     assert page._precision_text(run(("auto", [0, 1], ["taspo", "gigpo"]), ("set by bf16: false", [0, 1], ["rlsd"]))) \
         == "float32 (seeds 0-1 for taspo, gigpo: auto; seeds 0-1 for rlsd: set by bf16: false)"
     assert page._precision_text({"precision": "bf16 autocast"}) == "bf16 autocast"  # a file without reasons
+
+
+def test_a_section_anchor_is_the_same_on_the_docs_site_and_on_github(page):
+    assert page.anchor("The warm start's build") == "the-warm-starts-build"
+    assert page.anchor("Learning-curve pilot: GRPO at five times the learning rate") == \
+        "learning-curve-pilot-grpo-at-five-times-the-learning-rate"
+    # the docs site makes "240-games-corrections" of this, GitHub "240-games--corrections"
+    with pytest.raises(ValueError, match="reword it"):
+        page.anchor("Warm start (240 games + corrections)")
+    assert [page.anchor(title) for title, _, _ in page.SECTIONS]  # every section's title has one
