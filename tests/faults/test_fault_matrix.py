@@ -372,7 +372,7 @@ def test_analyzer_empty_cached_answer_is_asked_again_once_per_run(tmp_path):
 
 
 def test_builder_survives_an_analyzer_that_answers_with_non_text(embedded_tokenizer):
-    from tests.privileged.test_protocol import kitchen_group
+    from tests.helpers.kitchen import kitchen_group
 
     from taspo_trl.privileged import build_group_pi
 

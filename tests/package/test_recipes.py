@@ -140,7 +140,7 @@ def test_webshop_action_filter_keeps_only_the_same_operation_and_click_target(en
     """The WebShop-3B profile's action filter (official ``action_consistency_mask(webshop=True)``): a target
     turn's sources click exactly what it clicks, even where the embeddings of two different clicks are within
     the 0.8 cosine filter ("small" / "x-small", two product ids); without the WebShop rule those would match."""
-    from tests.privileged.test_analyzers import played
+    from tests.helpers.kitchen import played
 
     from taspo_trl.envs.webshop import load_catalog, webshop_env_factory
     from taspo_trl.privileged.alignment import group_correspondence, parse_response

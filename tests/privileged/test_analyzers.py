@@ -33,11 +33,10 @@ from taspo_trl.privileged.protocol import (
     validate_extraction,
     validate_step_skills,
 )
-from taspo_trl.rollout.records import Trajectory
 from taspo_trl.trainers.taspo import TASPOConfig
 from tests.helpers.analyzer_server import ReplayServer
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-from tests.privileged.test_protocol import SOLVE, kitchen_group, make_trajectory, make_turn
+from tests.helpers.kitchen import SOLVE, kitchen_group, make_trajectory, played
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -172,18 +171,6 @@ def test_rule_based_step_skills_are_applicable_items_tied_to_the_targets_steps()
 def test_rule_based_rejects_non_protocol_messages():
     with pytest.raises(AnalyzerError):
         RuleBasedAnalyzer().complete(MESSAGES)
-
-
-def played(env, actions: list[str]) -> Trajectory:
-    """A trajectory of the real environment ``env`` playing ``actions`` (until the episode ends)."""
-    intro, turns, result = env.reset(), [], None
-    for action in actions:
-        result = env.step(action)
-        turns.append(make_turn(action, result.observation))
-        if result.done:
-            break
-    return Trajectory(task_spec={}, task=env.task, initial_observation=intro, group=0, env_name=env.env_name,
-                      turns=turns, reward=float(result.reward), won=bool(result.info["won"]))
 
 
 def statements_by_target(group, items) -> list[list[str]]:

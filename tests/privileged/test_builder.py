@@ -19,7 +19,7 @@ from taspo_trl.privileged import (
     compose_pi,
 )
 from tests.helpers.analyzer_server import ReplayServer
-from tests.privileged.test_protocol import SOLVE, kitchen_group, make_trajectory
+from tests.helpers.kitchen import SOLVE, kitchen_group, make_trajectory
 
 EXTRACTION = '"stage": "extraction"'
 

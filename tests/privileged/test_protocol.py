@@ -1,5 +1,5 @@
 """The A.2 analyzer protocol: compaction, outcome-free target payloads, JSON extraction, validation, exclusion,
-composition. Also home of the hand-built ALFWorld-like group the other privileged tests import."""
+composition, on the hand-built ALFWorld-like group of ``tests.helpers.kitchen``."""
 
 from __future__ import annotations
 
@@ -30,95 +30,18 @@ from taspo_trl.privileged.protocol import (
     validate_extraction,
     validate_step_skills,
 )
-from taspo_trl.rollout.records import Trajectory, Turn
-
-# ----------------------------------------------------------------------------------------------- the kitchen group
-
-TASK = "put a clean apple in fridge."
-INTRO = (
-    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
-    "cabinet 1, a cabinet 2, a countertop 1, a countertop 2, a diningtable 1, a fridge 1, a garbagecan 1, a "
-    "microwave 1, a sinkbasin 1, and a stoveburner 1.\n\nYour task is to: put a clean apple in fridge."
+from tests.helpers.kitchen import (
+    CLEAN,
+    INTRO,
+    OPEN_FRIDGE,
+    PUT,
+    SOLVE,
+    TAKE,
+    TASK,
+    kitchen_group,
+    make_trajectory,
+    make_turn,
 )
-AT_COUNTERTOP = "You arrive at countertop 1. On the countertop 1, you see a apple 1, a bread 1, and a knife 1."
-TAKE = "You pick up the apple 1 from the countertop 1."
-AT_SINK = "You arrive at sinkbasin 1. On the sinkbasin 1, you see nothing."
-CLEAN = "You clean the apple 1 using the sinkbasin 1."
-AT_FRIDGE = "You arrive at fridge 1. The fridge 1 is closed."
-OPEN_FRIDGE = "You open the fridge 1. The fridge 1 is open. In it, you see a egg 1, and a lettuce 1."
-PUT = "You move the apple 1 to the fridge 1."
-SOLVE = [
-    ("go to countertop 1", AT_COUNTERTOP),
-    ("take apple 1 from countertop 1", TAKE),
-    ("go to sinkbasin 1", AT_SINK),
-    ("clean apple 1 with sinkbasin 1", CLEAN),
-    ("go to fridge 1", AT_FRIDGE),
-    ("open fridge 1", OPEN_FRIDGE),
-    ("move apple 1 to fridge 1", PUT),
-]
-
-
-def make_turn(action: str, observation: str, valid: bool = True) -> Turn:
-    return Turn(
-        prompt_ids=[],
-        response_ids=[],
-        logprobs=[],
-        response_text=f"<think>next step</think><action>{action}</action>",
-        action=action if valid else "",
-        action_valid=valid,
-        action_reason="" if valid else "no action block",
-        action_span=(0, 0),
-        observation=observation,
-    )
-
-
-def make_trajectory(
-    steps: list[tuple[str, str]], won: bool, group: int = 0, task: str = TASK, intro: str = INTRO
-) -> Trajectory:
-    turns = [make_turn(action, observation) for action, observation in steps]
-    if won:
-        turns[-1].reward = 1.0
-    return Trajectory(
-        task_spec={"game_file": "kitchen.tw-pddl"},
-        task=task,
-        initial_observation=intro,
-        group=group,
-        env_name="alfworld",
-        task_type="pick_clean_then_place_in_recep",
-        turns=turns,
-        reward=1.0 if won else 0.0,
-        won=won,
-    )
-
-
-def kitchen_group(group: int = 0) -> list[Trajectory]:
-    """Five siblings: three successes (one with a diningtable detour only it made), two failures (one that never
-    found the apple, one that skipped cleaning)."""
-    detour = [("go to diningtable 1", "You arrive at diningtable 1. On the diningtable 1, you see a mug 1.")] + SOLVE
-    via_table = (
-        SOLVE[:2]
-        + [
-            ("go to diningtable 1", "You arrive at diningtable 1. On the diningtable 1, you see a mug 1."),
-            ("move apple 1 to diningtable 1", "You move the apple 1 to the diningtable 1."),
-            ("take apple 1 from diningtable 1", "You pick up the apple 1 from the diningtable 1."),
-        ]
-        + SOLVE[2:]
-    )
-    lost = [
-        ("go to countertop 2", "You arrive at countertop 2. On the countertop 2, you see a mug 2, and a spatula 1."),
-        ("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed."),
-        ("open cabinet 1", "You open the cabinet 1. The cabinet 1 is open. In it, you see a plate 1."),
-        ("take plate 1 from cabinet 1", "You pick up the plate 1 from the cabinet 1."),
-        ("go to fridge 1", AT_FRIDGE),
-    ]
-    unclean = SOLVE[:2] + SOLVE[4:]
-    return [
-        make_trajectory(SOLVE, won=True, group=group),
-        make_trajectory(detour, won=True, group=group),
-        make_trajectory(via_table, won=True, group=group),
-        make_trajectory(lost, won=False, group=group),
-        make_trajectory(unclean, won=False, group=group),
-    ]
 
 
 def valid_item(item_id: str = "E1", trajectory_id: int = 0, **changes) -> dict:
