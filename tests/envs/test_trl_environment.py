@@ -35,8 +35,7 @@ from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.trl_rollout import make_rollout_func
 from taspo_trl.testing import PlannedGenerator
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-from tests.helpers.toy_envs import ScriptedGenerator, locker_factory
-from tests.rollout.test_env_pool import fault_factory
+from tests.helpers.toy_envs import ScriptedGenerator, fault_factory, locker_factory
 
 # ---- a small environment as a TRL user writes one ---------------------------------------------------------
 

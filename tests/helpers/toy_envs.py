@@ -1,7 +1,13 @@
 """Small deterministic environments for testing the agent loop's mechanics (the real ALFWorld engine is
-exercised in the ALFWorld tests and the end-to-end runs)."""
+exercised in the ALFWorld tests and the end-to-end runs), and ``FaultEnv``, whose step or reset fails on demand
+for the environment-worker fault tests (worker processes import ``fault_factory`` from here by module path)."""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
 
 from taspo_trl.envs.base import StepResult
 
@@ -113,3 +119,37 @@ class QuizEnv:
 
 def quiz_factory(spec: dict) -> QuizEnv:
     return QuizEnv(int(spec.get("max_turns", 3)))
+
+
+class FaultEnv:
+    """One step to a win, unless the spec names a fault: ``hang``/``raise``/``unpicklable``/``die`` at ``step``
+    (or ``hang`` at ``reset``)."""
+
+    def __init__(self, fault: str | None, at: str):
+        self.fault = fault
+        self.at = at
+        self.task = "win"
+        self.admissible_commands = ["win"]
+
+    def _maybe_fail(self, phase: str) -> dict:
+        if self.at != phase or self.fault is None:
+            return {}
+        if self.fault == "hang":
+            time.sleep(3600)
+        if self.fault == "raise":
+            raise RuntimeError("simulated environment crash")
+        if self.fault == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"lock": threading.Lock()}  # "unpicklable"
+
+    def reset(self) -> str:
+        self._maybe_fail("reset")
+        return "ready"
+
+    def step(self, action: str) -> StepResult:
+        extra = self._maybe_fail("step")
+        return StepResult("you win", 1.0, True, {"won": True, **extra})
+
+
+def fault_factory(spec: dict) -> FaultEnv:
+    return FaultEnv(spec.get("fault"), spec.get("at", "step"))

@@ -6,51 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from taspo_trl.envs.base import StepResult
 from taspo_trl.rollout.env_pool import EnvPool
+from tests.helpers.toy_envs import fault_factory
 
 TIMEOUT = 3.0  # the pool's per-call deadline; generous for a toy step, short for a test
 BOUND = 60  # seconds any one test may take before it is failed rather than left hanging
-
-
-class FaultEnv:
-    """One step to a win, unless the spec names a fault: ``hang``/``raise``/``unpicklable``/``die`` at ``step``
-    (or ``hang`` at ``reset``)."""
-
-    def __init__(self, fault: str | None, at: str):
-        self.fault = fault
-        self.at = at
-        self.task = "win"
-        self.admissible_commands = ["win"]
-
-    def _maybe_fail(self, phase: str) -> dict:
-        if self.at != phase or self.fault is None:
-            return {}
-        if self.fault == "hang":
-            time.sleep(3600)
-        if self.fault == "raise":
-            raise RuntimeError("simulated environment crash")
-        if self.fault == "die":
-            os.kill(os.getpid(), signal.SIGKILL)
-        return {"lock": threading.Lock()}  # "unpicklable"
-
-    def reset(self) -> str:
-        self._maybe_fail("reset")
-        return "ready"
-
-    def step(self, action: str) -> StepResult:
-        extra = self._maybe_fail("step")
-        return StepResult("you win", 1.0, True, {"won": True, **extra})
-
-
-def fault_factory(spec: dict) -> FaultEnv:
-    return FaultEnv(spec.get("fault"), spec.get("at", "step"))
 
 
 @pytest.fixture(autouse=True)
