@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from taspo_trl.envs.webshop.catalog import load_catalog
+from tests.helpers.webshop_site import OfficialFormatHandler
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "envs" / "check_setup.py"
@@ -87,10 +88,8 @@ def test_alfworld_games_reset_on_the_engine(tmp_path):
 
 
 def test_webshop_check_opens_a_goal_on_a_site_with_the_official_routes(served):
-    from tests.envs.test_webshop import _OfficialFormat
-
-    _OfficialFormat.catalog = load_catalog()
-    url = served(ThreadingHTTPServer(("127.0.0.1", 0), _OfficialFormat))
+    OfficialFormatHandler.catalog = load_catalog()
+    url = served(ThreadingHTTPServer(("127.0.0.1", 0), OfficialFormatHandler))
     result = _check("webshop", "--url", url)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"ok: WebShop at {url} serves goal 0")
