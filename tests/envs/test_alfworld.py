@@ -17,6 +17,7 @@ from taspo_trl.envs.alfworld.env import ALFWorldEnv, alfworld_env_factory, task_
 from taspo_trl.envs.alfworld.generator import game_logic, generate_games
 from taspo_trl.envs.alfworld.tasks import TASK_TYPES
 from taspo_trl.envs.base import AgentEnv, task_spec_from_row
+from tests.helpers.alfworld_games import tiny_kitchen_problem, write_game
 
 NOTHING_HAPPENS = "Nothing happens."
 
@@ -26,49 +27,6 @@ def games(tmp_path_factory) -> dict[str, Path]:
     """One game per family, generated once for the whole session."""
     paths = generate_games(tmp_path_factory.mktemp("alfworld_env"), per_type=1, seed=11, split="eval_seen")
     return {json.loads(p.read_text())["task_type"]: p for p in paths}
-
-
-def _tiny_kitchen_problem() -> str:
-    """A hand-written problem in ALFWorld's style: an apple on a countertop, a closed fridge."""
-    apple = "Apple_bar__plus_00_dot_10_bar__plus_00_dot_95_bar__minus_01_dot_00"
-    counter = "CounterTop_bar__plus_00_dot_20_bar__plus_00_dot_90_bar__minus_01_dot_10"
-    fridge = "Fridge_bar__minus_02_dot_10_bar__plus_00_dot_00_bar__plus_01_dot_09"
-    return f"""
-(define (problem tiny_kitchen)
-    (:domain alfred)
-    (:objects
-        agent1 - agent
-        AppleType KnifeType ButterKnifeType - otype
-        CounterTopType FridgeType MicrowaveType SinkBasinType - rtype
-        {apple} - object
-        {counter} {fridge} - receptacle
-        loc_bar_0_bar_0_bar_0_bar_30 loc_bar_1_bar__minus_4_bar_180_bar_30 loc_bar__minus_8_bar_4_bar_270_bar_0 - location
-    )
-    (:init
-        (atLocation agent1 loc_bar_0_bar_0_bar_0_bar_30)
-        (receptacleType {counter} CounterTopType)
-        (receptacleType {fridge} FridgeType)
-        (receptacleAtLocation {counter} loc_bar_1_bar__minus_4_bar_180_bar_30)
-        (receptacleAtLocation {fridge} loc_bar__minus_8_bar_4_bar_270_bar_0)
-        (openable {fridge})
-        (canContain CounterTopType AppleType)
-        (canContain FridgeType AppleType)
-        (objectType {apple} AppleType)
-        (pickupable {apple})
-        (inReceptacle {apple} {counter})
-        (objectAtLocation {apple} loc_bar_1_bar__minus_4_bar_180_bar_30)
-    )
-    (:goal
-        (exists (?o - object ?r - receptacle)
-            (and (objectType ?o AppleType) (receptacleType ?r FridgeType) (inReceptacle ?o ?r))))
-)
-"""
-
-
-def _write_game(path: Path, **game) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(game))
-    return path
 
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
@@ -135,11 +93,11 @@ def test_win_on_the_last_allowed_turn_is_not_truncation(games):
 
 def test_hand_made_problem_plays_on_the_installed_domain_and_grammar(tmp_path):
     domain, grammar = game_logic()
-    game_file = _write_game(
+    game_file = write_game(
         tmp_path / "tiny" / "game.tw-pddl",
         pddl_domain=domain,
         grammar=grammar.replace("UNKNOWN GOAL", "put some apple in fridge"),
-        pddl_problem=_tiny_kitchen_problem(),
+        pddl_problem=tiny_kitchen_problem(),
     )
     env = ALFWorldEnv(game_file)
     observation = env.reset()
@@ -165,7 +123,7 @@ def test_official_layout_infers_task_type_and_fills_the_task_from_traj_data(game
     game = json.loads(games["pick_heat_then_place_in_recep"].read_text())
     domain, grammar = game_logic()
     trial = tmp_path / "json_2.1.1" / "train" / "pick_heat_then_place_in_recep-Apple-None-Fridge-5" / "trial_T1"
-    game_file = _write_game(
+    game_file = write_game(
         trial / "game.tw-pddl",
         pddl_domain=domain,
         grammar=grammar,
@@ -223,13 +181,13 @@ def test_corrupt_game_files_name_the_file_and_the_problem(tmp_path, games):
 
     game = json.loads(games["pick_and_place_simple"].read_text())
     del game["pddl_problem"]
-    missing_key = _write_game(tmp_path / "nokey.tw-pddl", **game)
+    missing_key = write_game(tmp_path / "nokey.tw-pddl", **game)
     with pytest.raises(ValueError, match="pddl_problem") as error:
         ALFWorldEnv(missing_key)
     assert str(missing_key) in str(error.value)
 
     game["pddl_problem"], game["solvable"] = "(define)", False
-    marked = _write_game(tmp_path / "marked.tw-pddl", **game)
+    marked = write_game(tmp_path / "marked.tw-pddl", **game)
     with pytest.raises(ValueError, match="marked unsolvable"):
         ALFWorldEnv(marked)
 
@@ -237,7 +195,7 @@ def test_corrupt_game_files_name_the_file_and_the_problem(tmp_path, games):
 def test_unsolvable_game_file_fails_with_a_clear_error(tmp_path, games):
     game = json.loads(games["pick_and_place_simple"].read_text())
     game["pddl_problem"] = re.sub(r"\(canContain [^)]*\)", "", game["pddl_problem"])
-    game_file = _write_game(tmp_path / "unsolvable.tw-pddl", **game)
+    game_file = write_game(tmp_path / "unsolvable.tw-pddl", **game)
     env = ALFWorldEnv(game_file)
     with pytest.raises(ValueError, match="unsolvable"):
         env.reset()

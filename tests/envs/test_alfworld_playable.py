@@ -12,7 +12,7 @@ import pytest
 
 from taspo_trl.envs.alfworld.generator import game_logic
 from taspo_trl.envs.alfworld.rows import PLAYABLE_PROBES, alfworld_game_files, alfworld_rows_from_settings
-from tests.envs.test_alfworld import _tiny_kitchen_problem, _write_game
+from tests.helpers.alfworld_games import tiny_kitchen_problem, write_game
 
 
 def _settings(games_dir: Path, max_tasks: int | None = None) -> dict:
@@ -22,14 +22,14 @@ def _settings(games_dir: Path, max_tasks: int | None = None) -> dict:
 
 def _game(path: Path, problem: str) -> Path:
     domain, grammar = game_logic()
-    return _write_game(path / "game.tw-pddl", pddl_domain=domain,
-                       grammar=grammar.replace("UNKNOWN GOAL", "put some apple in fridge"), pddl_problem=problem)
+    return write_game(path / "game.tw-pddl", pddl_domain=domain,
+                      grammar=grammar.replace("UNKNOWN GOAL", "put some apple in fridge"), pddl_problem=problem)
 
 
 def test_a_folder_of_games_the_engine_cannot_start_fails_naming_the_folder(tmp_path):
     folder = tmp_path / "games"
     _game(folder / "a", "(define (problem cut_off) (:domain alfred)")  # the problem text ends mid-way
-    _game(folder / "b", _tiny_kitchen_problem().replace("(:goal", "(:goalx"))  # no goal section
+    _game(folder / "b", tiny_kitchen_problem().replace("(:goal", "(:goalx"))  # no goal section
     with pytest.raises(ValueError) as excinfo:
         alfworld_rows_from_settings(_settings(folder), None)
     message = str(excinfo.value)
@@ -41,7 +41,7 @@ def test_a_folder_of_games_the_engine_cannot_start_fails_naming_the_folder(tmp_p
 def test_one_playable_game_is_enough(tmp_path):
     folder = tmp_path / "games"
     _game(folder / "a", "(define (problem cut_off) (:domain alfred)")
-    _game(folder / "b", _tiny_kitchen_problem())
+    _game(folder / "b", tiny_kitchen_problem())
     rows = alfworld_rows_from_settings(_settings(folder), None)
     assert [Path(row["game_file"]).parent.name for row in rows] == ["a", "b"]
 
@@ -50,14 +50,14 @@ def test_only_the_first_games_are_tried(tmp_path):
     folder = tmp_path / "games"
     for n in range(PLAYABLE_PROBES):
         _game(folder / f"{n}", "(define (problem cut_off)")
-    _game(folder / "z", _tiny_kitchen_problem())  # sorted last: past the probes
+    _game(folder / "z", tiny_kitchen_problem())  # sorted last: past the probes
     with pytest.raises(ValueError, match=f"could not start the first {PLAYABLE_PROBES}"):
         alfworld_rows_from_settings(_settings(folder), None)
 
 
 def test_a_truncated_game_file_names_the_file_and_the_folder_fix(tmp_path):
     folder = tmp_path / "games"
-    good = _game(folder / "a", _tiny_kitchen_problem())
+    good = _game(folder / "a", tiny_kitchen_problem())
     cut = folder / "b" / "game.tw-pddl"
     cut.parent.mkdir()
     cut.write_text(good.read_text()[:200])
@@ -69,7 +69,7 @@ def test_a_truncated_game_file_names_the_file_and_the_folder_fix(tmp_path):
 
 def test_max_tasks_limits_the_games_that_are_read(tmp_path):
     folder = tmp_path / "games"
-    _game(folder / "a", _tiny_kitchen_problem())
+    _game(folder / "a", tiny_kitchen_problem())
     (folder / "b").mkdir()
     (folder / "b" / "game.tw-pddl").write_text("{")  # never read: past max_tasks
     rows = alfworld_rows_from_settings(_settings(folder, max_tasks=1), None)
