@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded policy's tokenizer and a tiny random-weight model that uses it.
+"""Shared fixtures: the embedded policy's tokenizer, a tiny random-weight model that uses it, and generated ALFWorld
+games.
 
 The first run on a machine converts the embedded GGUF model into the cache (~20-35 s, once); later sessions
 load it from there in well under a second.
@@ -83,3 +84,27 @@ def load_benchmark():
         return module
 
     return load
+
+
+@pytest.fixture(scope="module")
+def family_games_dir(tmp_path_factory):
+    """One generated ALFWorld train game per task family (6 tasks, as in the quickstart recipes), in a folder of
+    its own, generated once per test module that uses it."""
+    pytest.importorskip("alfworld")
+    from taspo_trl.envs.alfworld import generate_games
+
+    folder = tmp_path_factory.mktemp("games")
+    generate_games(folder, per_type=1, seed=0, split="train")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pick_and_place_game(tmp_path_factory):
+    """The game file of one generated ALFWorld train game of the pick_and_place_simple family (seed 0), generated
+    once per test module that uses it."""
+    from taspo_trl.envs.alfworld import generate_games
+
+    games = generate_games(
+        tmp_path_factory.mktemp("games"), per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"]
+    )
+    return games[0]

@@ -13,7 +13,7 @@ import yaml
 
 from taspo_trl.cli import build_trainer
 from taspo_trl.envs import get_env_factory
-from taspo_trl.envs.alfworld import find_game_files, generate_games, task_spec_rows
+from taspo_trl.envs.alfworld import find_game_files, task_spec_rows
 from taspo_trl.evaluation import EvalArguments, evaluate_rows, summarize
 from taspo_trl.reporting import render_results_table
 
@@ -22,13 +22,6 @@ RECIPES = sorted((ROOT / "recipes").glob("*/**/*.yaml"))
 TRAINING_RECIPES = [p for p in RECIPES if "accelerate" not in p.parts]
 ALFWORLD_QUICKSTARTS = sorted(p for p in (ROOT / "recipes" / "quickstart").glob("alfworld_*_cpu.yaml") if "_sft_" not in p.name)
 SFT_RECIPES = sorted((ROOT / "recipes" / "quickstart").glob("*_sft_cpu.yaml"))
-
-
-@pytest.fixture(scope="module")
-def games_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("recipe_games")
-    generate_games(out, per_type=1, seed=0, split="train")
-    return out
 
 
 def _cpu_overrides(recipe: Path, tmp_path: Path, games_dir: Path, tiny_model_dir: str) -> list[str]:
@@ -189,8 +182,9 @@ def test_webshop_action_filter_keeps_only_the_same_operation_and_click_target(en
 
 @pytest.mark.parametrize("recipe", [p for p in TRAINING_RECIPES if p not in SFT_RECIPES],
                          ids=lambda p: p.relative_to(ROOT / "recipes").as_posix())
-def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
-    trainer = build_trainer(_cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir), model_override=tiny_model_dir)
+def test_recipe_builds_its_trainer(recipe, tmp_path, family_games_dir, tiny_model_dir):
+    trainer = build_trainer(_cpu_overrides(recipe, tmp_path, family_games_dir, tiny_model_dir),
+                            model_override=tiny_model_dir)
     try:
         data = yaml.safe_load(recipe.read_text())
         assert trainer.args.environment == data["environment"]
@@ -211,14 +205,14 @@ def test_recipe_builds_its_trainer(recipe, tmp_path, games_dir, tiny_model_dir):
 
 
 @pytest.mark.parametrize("recipe", SFT_RECIPES, ids=lambda p: p.stem)
-def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, games_dir, tiny_model_dir):
+def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, family_games_dir, tiny_model_dir):
     """The warm-start recipes build TRL's SFTTrainer on the expert's demonstrations, whose loss covers the
     responses only, and train one step."""
     from trl import SFTTrainer
 
     # The tiny model has 2 layers; one expert episode per game keeps the test short.
     data = yaml.safe_load(recipe.read_text())
-    argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir) + [
+    argv = _cpu_overrides(recipe, tmp_path, family_games_dir, tiny_model_dir) + [
         "--max_steps", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
         "--demonstration_foreign_pi_share", "0", "--demonstration_pi_corrections", "false",
         "--frozen_layers", "1",
@@ -267,8 +261,8 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
 
 
 @pytest.mark.parametrize("recipe", ALFWORLD_QUICKSTARTS, ids=lambda p: p.stem)
-def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, games_dir, tiny_model_dir):
-    argv = _cpu_overrides(recipe, tmp_path, games_dir, tiny_model_dir)
+def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, family_games_dir, tiny_model_dir):
+    argv = _cpu_overrides(recipe, tmp_path, family_games_dir, tiny_model_dir)
     argv += ["--max_steps", "1", "--max_turns", "2", "--max_completion_length", "8"]
     # One task, two siblings, in one micro-batch.
     argv += ["--num_generations", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1"]
@@ -284,7 +278,7 @@ def test_alfworld_quickstart_trains_one_step(recipe, tmp_path, games_dir, tiny_m
     # The trained policy is evaluated like a checkpoint would be: one episode per family, a fixed seed.
     method = yaml.safe_load(recipe.read_text())["method"]
     args = EvalArguments(max_turns=1, max_completion_length=8, eval_batch_size=6)
-    rows = task_spec_rows(find_game_files(games_dir))
+    rows = task_spec_rows(find_game_files(family_games_dir))
     trajectories = evaluate_rows(rows, trainer.model, trainer.processing_class, args, get_env_factory("alfworld"))
     result_row = {"env": "alfworld", "method": method, "model": "tiny", "split": "eval_seen",
                   "num_tasks": len(rows), "seed": 0, **summarize(trajectories)}

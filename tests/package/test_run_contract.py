@@ -35,17 +35,6 @@ def _one_line_error(done: subprocess.CompletedProcess, program: str) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def games_dir(tmp_path_factory) -> Path:
-    """One generated ALFWorld train game per task family: 6 tasks, as in the quickstart recipes."""
-    pytest.importorskip("alfworld")
-    from taspo_trl.envs.alfworld import generate_games
-
-    folder = tmp_path_factory.mktemp("games")
-    generate_games(folder, 1, 0, "train")
-    return folder
-
-
 def _train_argv(tiny_model_dir: str, games_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     """The CPU GRPO quickstart on a tiny model, with the shortest episodes: ~1 s per step."""
     return ["--config", "alfworld_grpo_cpu", "--model_name_or_path", tiny_model_dir, "--games_dir", str(games_dir),
@@ -56,9 +45,9 @@ def _train_argv(tiny_model_dir: str, games_dir: Path, output_dir: Path, *extra: 
 # --- zero steps ---------------------------------------------------------------------------------------------------
 
 
-def test_dataset_smaller_than_one_generation_batch_fails_before_training(tmp_path, tiny_model_dir, games_dir):
+def test_dataset_smaller_than_one_generation_batch_fails_before_training(tmp_path, tiny_model_dir, family_games_dir):
     # The issue's command: 2 x 8 = 16 rollouts per step are 8 tasks of 2 siblings, and there are 6 tasks.
-    done = _run("taspo_trl.cli", *_train_argv(tiny_model_dir, games_dir, tmp_path / "out", "--max_steps", "8",
+    done = _run("taspo_trl.cli", *_train_argv(tiny_model_dir, family_games_dir, tmp_path / "out", "--max_steps", "8",
                 "--per_device_train_batch_size", "2", "--num_generations", "2"), cwd=tmp_path)
     line = _one_line_error(done, "taspo-train")
     assert "6 tasks, but one step needs 8" in line
@@ -89,10 +78,10 @@ FINISHED_RUN = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--num
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, tiny_model_dir, games_dir) -> tuple[Path, list[str]]:
+def finished_run(tmp_path_factory, tiny_model_dir, family_games_dir) -> tuple[Path, list[str]]:
     """A run that trained its 2 steps and saved checkpoint-1 and checkpoint-2; its output_dir and command."""
     out = tmp_path_factory.mktemp("finished") / "out"
-    argv = _train_argv(tiny_model_dir, games_dir, out, *FINISHED_RUN)
+    argv = _train_argv(tiny_model_dir, family_games_dir, out, *FINISHED_RUN)
     first = _run("taspo_trl.cli", *argv, cwd=out.parent)
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
@@ -112,7 +101,8 @@ def test_a_finished_run_relaunched_with_resume_trains_no_more(tmp_path, finished
         assert (out / "model.safetensors").read_bytes() == final  # the trained model is not replaced
 
 
-def test_python_trainer_resumed_at_its_budget_returns_the_finished_model(finished_run, tiny_model_dir, games_dir):
+def test_python_trainer_resumed_at_its_budget_returns_the_finished_model(finished_run, tiny_model_dir,
+                                                                         family_games_dir):
     from datasets import Dataset
     from safetensors.torch import load_file
 
@@ -122,7 +112,7 @@ def test_python_trainer_resumed_at_its_budget_returns_the_finished_model(finishe
     out, _ = finished_run
     config = AgentGRPOConfig(output_dir=str(out), use_cpu=True, bf16=False, report_to="none", max_steps=2,
                              per_device_train_batch_size=2, num_generations=2, max_turns=2, max_completion_length=8)
-    dataset = Dataset.from_list(task_spec_rows(sorted(games_dir.rglob("*.tw-pddl"))))
+    dataset = Dataset.from_list(task_spec_rows(sorted(family_games_dir.rglob("*.tw-pddl"))))
     trainer = AgentGRPOTrainer(model=tiny_model_dir, args=config, train_dataset=dataset)
     try:
         output = trainer.train(resume_from_checkpoint=True)

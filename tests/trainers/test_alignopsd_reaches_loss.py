@@ -51,14 +51,13 @@ from taspo_trl.credit.alignopsd import (
 from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.rollout.generation import Generation
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-from tests.trainers.test_credit_reaches_loss import (  # noqa: F401  (game, snapshot: fixtures)
+from tests.trainers.test_credit_reaches_loss import (  # noqa: F401  (snapshot: a fixture)
     ATOL as LOGPROB_ATOL,
     THOUGHTS,
     _logprobs,
     _prompt_ids,
     _received_rows,
     _train_one_step,
-    game,
     snapshot,
 )
 
@@ -284,11 +283,13 @@ def _flat(credit) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("ablation", ["E", "A", "B", "C", "D"])
-def test_alignopsd_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, encoder, monkeypatch, ablation):
+def test_alignopsd_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, snapshot, encoder, monkeypatch,
+                                    ablation):
     """A_i w_it + r_it of every turn (per token in ablation B), as TRL's loss receives them; the failure's
     reweighted credit ranks as its corrected gaps rank within a span (sign(A) < 0); alpha_max and
     mixing_coefficient swapped, or another tau, would be seen."""
-    trainer, seen, teacher_plans = _run(tmp_path, tiny_model_dir, game, encoder, monkeypatch, ablation=ablation)
+    trainer, seen, teacher_plans = _run(tmp_path, tiny_model_dir, pick_and_place_game, encoder, monkeypatch,
+                                        ablation=ablation)
     trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     want = _expectation(trainer, snapshot, encoder, teacher_plans, ablation)
@@ -324,14 +325,15 @@ def test_alignopsd_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, en
     assert (_flat(want["total"]) - _flat(changed["total"])).abs().max() > 5 * ATOL
 
 
-def test_sdar_auxiliary_term_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, encoder, monkeypatch):
+def test_sdar_auxiliary_term_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, snapshot, encoder,
+                                              monkeypatch):
     """With the launcher's SDAR auxiliary loss on (off-default coef 0.05 and beta 2, so a swap would be seen), every
     response token of every turn gets A_i w_it + r_it + coef * sigma(beta (log pi_T - log pi_theta)) with pi_T the
     turn under its own p_x: the gradient of the official compute_sdar_loss term at the rollout snapshot, whose
     derivative in log pi_theta is -coef * gate (the official test of that function checks the same)."""
     coef, beta = 0.05, 2.0
-    trainer, seen, teacher_plans = _run(tmp_path, tiny_model_dir, game, encoder, monkeypatch, ablation="E",
-                                        sdar_aux=True, sdar_aux_coef=coef, sdar_aux_gate_beta=beta)
+    trainer, seen, teacher_plans = _run(tmp_path, tiny_model_dir, pick_and_place_game, encoder, monkeypatch,
+                                        ablation="E", sdar_aux=True, sdar_aux_coef=coef, sdar_aux_gate_beta=beta)
     trajectories, contexts = trainer.last_step.trajectories, trainer.last_step.skill_texts
     want = _expectation(trainer, snapshot, encoder, teacher_plans, "E")
     total = []

@@ -19,7 +19,7 @@ from datasets import Dataset
 from trl.trainer.utils import pad
 
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.privileged import PI_HEADER
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.testing import PlannedGenerator, walkthrough_plans
@@ -58,14 +58,6 @@ def _rollout(trainer: BaselineTrainer, game: Path, dataset: Dataset, wins: int =
     return seen
 
 
-@pytest.fixture(scope="module")
-def game(tmp_path_factory):
-    games = generate_games(
-        tmp_path_factory.mktemp("games"), per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"]
-    )
-    return games[0]
-
-
 _ACCELERATE_STATES = (PartialState, AcceleratorState, GradientState)
 
 
@@ -85,13 +77,13 @@ def shared(kept_trainer):
 
 
 @pytest.fixture(scope="module")
-def kept_trainer(tmp_path_factory, tiny_model_dir, game):
+def kept_trainer(tmp_path_factory, tiny_model_dir, pick_and_place_game):
     """A trainer whose teacher context is the shipped ALFWorld skills, and one scripted batch."""
-    dataset = Dataset.from_list(task_spec_rows([game]))
+    dataset = Dataset.from_list(task_spec_rows([pick_and_place_game]))
     trainer = BaselineTrainer(
         model=tiny_model_dir, args=_config(tmp_path_factory.mktemp("b"), baseline="sdar"), train_dataset=dataset
     )
-    seen = _rollout(trainer, game, dataset)
+    seen = _rollout(trainer, pick_and_place_game, dataset)
     # The teacher pass depends only on the contexts and the teacher, not on the method that shapes its gaps, so
     # methods sharing both reuse it (each forward of the 49k-token LM head costs seconds on this CPU).
     scored: dict = {}
@@ -316,11 +308,11 @@ def test_skill_sd_teacher_sees_skills_from_the_successes_not_a_raw_sibling(share
             assert turn == pytest.approx([a + 0.1 * float(d) for d in gaps[i][t]], abs=2e-4), (i, t)
 
 
-def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, tiny_model_dir, game):
-    dataset = Dataset.from_list(task_spec_rows([game]))
+def test_skill_grpo_shows_skills_to_the_policy_and_keeps_grpo_credit(tmp_path, tiny_model_dir, pick_and_place_game):
+    dataset = Dataset.from_list(task_spec_rows([pick_and_place_game]))
     trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="skill_grpo"), train_dataset=dataset)
     try:
-        seen = _rollout(trainer, game, dataset)
+        seen = _rollout(trainer, pick_and_place_game, dataset)
         got = trainer.turn_advantages(seen["step"])
     finally:
         trainer.close()
@@ -403,7 +395,7 @@ def _nudge(model: torch.nn.Module, seed: int) -> None:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_periodic_teacher_is_a_frozen_copy_refreshed_every_n_steps(tmp_path, tiny_model_dir, game, lora):
+def test_periodic_teacher_is_a_frozen_copy_refreshed_every_n_steps(tmp_path, tiny_model_dir, pick_and_place_game, lora):
     """teacher_sync_steps = 2: the teacher holds the policy of step 0 through step 1, that of step 2 from step 2
     on (a frozen copy of the whole model, or under LoRA a second, frozen adapter)."""
     peft_config = None
@@ -414,7 +406,7 @@ def test_periodic_teacher_is_a_frozen_copy_refreshed_every_n_steps(tmp_path, tin
     trainer = BaselineTrainer(
         model=tiny_model_dir,
         args=_config(tmp_path, baseline="skill_sd", teacher_sync_steps=2),
-        train_dataset=Dataset.from_list(task_spec_rows([game])),
+        train_dataset=Dataset.from_list(task_spec_rows([pick_and_place_game])),
         peft_config=peft_config,
     )
     try:
@@ -465,18 +457,18 @@ def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     assert trainer._metrics[mode]["baseline/non_finite_gap_turns"][-1] == 1.0
 
 
-def test_an_all_fail_batch_runs_no_plain_pass(tmp_path, tiny_model_dir, game, monkeypatch):
+def test_an_all_fail_batch_runs_no_plain_pass(tmp_path, tiny_model_dir, pick_and_place_game, monkeypatch):
     """OPID's teacher contexts (aligned PI and step skills) come from successful siblings: with none, no turn has a
     teacher gap, so no row's plain log-probs are read, and none may be computed, even when the sampler ran under
     bf16 autocast and only a forward pass could give them."""
-    dataset = Dataset.from_list(task_spec_rows([game]))
+    dataset = Dataset.from_list(task_spec_rows([pick_and_place_game]))
     trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="opid"), train_dataset=dataset)
     monkeypatch.setattr(trainer.args, "bf16", True)
     passes = []
     snapshot = trainer._snapshot_logprobs
     monkeypatch.setattr(trainer, "_snapshot_logprobs", lambda *args, **kwargs: passes.append(1) or snapshot(*args, **kwargs))
     try:
-        seen = _rollout(trainer, game, dataset, wins=0)
+        seen = _rollout(trainer, pick_and_place_game, dataset, wins=0)
     finally:
         trainer.close()
     assert not any(t.won for t in seen["trajectories"]) and seen["advantages"].abs().sum() == 0
@@ -484,10 +476,10 @@ def test_an_all_fail_batch_runs_no_plain_pass(tmp_path, tiny_model_dir, game, mo
     assert passes == []
 
 
-def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_model_dir, game):
+def test_a_baselines_model_card_links_its_own_paper_not_grpos(tmp_path, tiny_model_dir, pick_and_place_game):
     """GiGPO's card names GiGPO and links its arXiv id (Feng et al., 2505.10978), not the DeepSeekMath id
     (2402.03300) that TRL's GRPOTrainer cites."""
-    dataset = Dataset.from_list(task_spec_rows([game]))
+    dataset = Dataset.from_list(task_spec_rows([pick_and_place_game]))
     trainer = BaselineTrainer(model=tiny_model_dir, args=_config(tmp_path, baseline="gigpo"), train_dataset=dataset)
     try:
         trainer.create_model_card(model_name="tiny-gigpo")

@@ -38,7 +38,6 @@ from taspo_trl.checkpoints import (
     end_save,
     resume_checkpoint,
 )
-from tests.package.test_run_contract import games_dir  # noqa: F401 - the fixture: one generated ALFWorld game per task family
 
 ROOT = Path(__file__).resolve().parents[2]
 IDENTITY = {"trainer": "AgentGRPOTrainer", "base_model": "tiny", "peft": False,
@@ -275,12 +274,13 @@ def workdir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_an_unwritable_output_dir_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, games_dir, workdir):
+def test_an_unwritable_output_dir_is_refused_before_the_model_loads(tmp_path, tiny_model_dir, family_games_dir,
+                                                                    workdir):
     locked = tmp_path / "read_only"
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        done = _run(*_train_argv(tiny_model_dir, games_dir, locked / "out"), cwd=workdir)
+        done = _run(*_train_argv(tiny_model_dir, family_games_dir, locked / "out"), cwd=workdir)
     finally:
         locked.chmod(0o700)
     assert done.returncode != 0 and "Traceback" not in done.stderr
@@ -323,7 +323,7 @@ HOLD = ("import sys, time; from taspo_trl.checkpoints import hold_output_dir; ho
         "print('held', flush=True); time.sleep(600)")
 
 
-def test_a_second_run_on_a_held_output_dir_is_refused_in_seconds(tmp_path, tiny_model_dir, games_dir, workdir):
+def test_a_second_run_on_a_held_output_dir_is_refused_in_seconds(tmp_path, tiny_model_dir, family_games_dir, workdir):
     """A run holds output_dir (here a process that took the lock as taspo-train does); taspo-train on the same
     folder stops before the model loads, naming the other run's process and host. When the holder is gone
     (killed: the kernel drops the lock), the folder is free again."""
@@ -334,7 +334,7 @@ def test_a_second_run_on_a_held_output_dir_is_refused_in_seconds(tmp_path, tiny_
     try:
         assert holder.stdout.readline().strip() == "held"
         started = time.monotonic()
-        done = _run(*_train_argv(tiny_model_dir, games_dir, out), cwd=workdir)
+        done = _run(*_train_argv(tiny_model_dir, family_games_dir, out), cwd=workdir)
         took = time.monotonic() - started
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert f"output_dir {out} is in use by another run (process {holder.pid} on host " in done.stderr
@@ -396,9 +396,9 @@ def _weights(path: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, tiny_model_dir, games_dir, workdir) -> Path:
+def uninterrupted(tmp_path_factory, tiny_model_dir, family_games_dir, workdir) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted") / "out"
-    done = _run(*_train_argv(tiny_model_dir, games_dir, out), cwd=workdir)
+    done = _run(*_train_argv(tiny_model_dir, family_games_dir, out), cwd=workdir)
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -416,12 +416,12 @@ KILL_POINTS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", KILL_POINTS)
-def test_a_run_killed_inside_a_save_resumes_to_the_uninterrupted_model(kill_at, tmp_path, tiny_model_dir, games_dir,
-                                                                      workdir, uninterrupted):
+def test_a_run_killed_inside_a_save_resumes_to_the_uninterrupted_model(kill_at, tmp_path, tiny_model_dir,
+                                                                      family_games_dir, workdir, uninterrupted):
     """SIGKILL at one moment of a save, then the same command with --resume_from_checkpoint true: it finishes, and
     its final model equals the uninterrupted run's bit for bit."""
     out = tmp_path / "out"
-    argv = _train_argv(tiny_model_dir, games_dir, out)
+    argv = _train_argv(tiny_model_dir, family_games_dir, out)
     killed = _run("-c", "import kill_during_save; kill_during_save.main()", *argv, cwd=workdir, module="",
                   env={"TASPO_KILL_AT": kill_at})
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -443,12 +443,13 @@ def test_a_run_killed_inside_a_save_resumes_to_the_uninterrupted_model(kill_at, 
 
 
 @pytest.mark.slow
-def test_two_real_runs_on_one_folder_the_second_refused_in_seconds(tmp_path, tiny_model_dir, games_dir, workdir):
+def test_two_real_runs_on_one_folder_the_second_refused_in_seconds(tmp_path, tiny_model_dir, family_games_dir, workdir):
     """Two taspo-train runs on one folder: while the first trains, the second stops before its model loads, naming
     the first's process and host (the old check saw only checkpoint-N folders, so a second run started before the
     first save trained into the same folder)."""
     out = tmp_path / "out"
-    argv = _train_argv(tiny_model_dir, games_dir, out, "--max_steps", "500")  # still training when the second starts
+    # still training when the second starts
+    argv = _train_argv(tiny_model_dir, family_games_dir, out, "--max_steps", "500")
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "helpers"), os.environ.get("PYTHONPATH", "")])
     first = subprocess.Popen([sys.executable, "-m", "taspo_trl.cli", *argv], cwd=workdir, text=True,
                              env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -469,12 +470,13 @@ def test_two_real_runs_on_one_folder_the_second_refused_in_seconds(tmp_path, tin
 
 
 @pytest.mark.slow
-def test_resuming_another_methods_checkpoint_is_refused(tmp_path, tiny_model_dir, games_dir, workdir, uninterrupted):
+def test_resuming_another_methods_checkpoint_is_refused(tmp_path, tiny_model_dir, family_games_dir, workdir,
+                                                        uninterrupted):
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree(uninterrupted / "checkpoint-2", out / "checkpoint-2")
-    done = _run(*_train_argv(tiny_model_dir, games_dir, out, "--method", "taspo", "--resume_from_checkpoint", "true"),
-                cwd=workdir)
+    done = _run(*_train_argv(tiny_model_dir, family_games_dir, out, "--method", "taspo",
+                             "--resume_from_checkpoint", "true"), cwd=workdir)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "was written by another run (trainer AgentGRPOTrainer there, TASPOTrainer in this run)" in done.stderr
 

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.credit.registry import CREDIT_METHODS, OutcomeBatch, TeacherGaps, get_credit
-from taspo_trl.envs.alfworld import generate_games, task_spec_rows
+from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 from tests.helpers.cpu_config import cpu_trainer_kwargs
@@ -69,12 +69,6 @@ def _plans(walkthrough: list[str]) -> list[list[str | None]]:
         [go_drawer, open_drawer, take_cd, "go to countertop 1", "inventory", None],
         ["look", "go to countertop 1", "examine countertop 1", "inventory", "go to drawer 1", "look"],
     ]
-
-
-@pytest.fixture(scope="module")
-def game(tmp_path_factory):
-    games = generate_games(tmp_path_factory.mktemp("games"), per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])
-    return games[0]
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +297,9 @@ def _trainer(cls, config_cls, tmp_path, model_dir, game, **overrides):
 # GRPO and TASPO
 
 
-def test_grpo_reaches_the_loss(tmp_path, tiny_model_dir, game, monkeypatch):
-    trainer = _trainer(AgentGRPOTrainer, AgentGRPOConfig, tmp_path, tiny_model_dir, game)
-    seen = _train_one_step(trainer, game, monkeypatch)
+def test_grpo_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, monkeypatch):
+    trainer = _trainer(AgentGRPOTrainer, AgentGRPOConfig, tmp_path, tiny_model_dir, pick_and_place_game)
+    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     advantages = _grpo_advantages(trajectories)
@@ -332,14 +326,15 @@ def _taspo_expectation(trainer, snapshot, unit: str, layout: str, **settings) ->
 
 
 @pytest.mark.parametrize("unit,layout", [("action", "turn"), ("action", "sequence"), ("token", "turn")])
-def test_taspo_reaches_the_loss(tmp_path, tiny_model_dir, game, snapshot, monkeypatch, unit, layout):
+def test_taspo_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, snapshot, monkeypatch, unit, layout):
     """TASPO's A_i w_it (action level: one weight per turn; token level: one per action token) on every response
     token, as TRL's loss receives them; a failed trajectory's credit is ordered by sign(A) d; and the test would
     see tau and eps_w swapped."""
     trainer = _trainer(
-        TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, game, layout=layout, allocation_unit=unit, **TASPO_SETTINGS
+        TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_and_place_game, layout=layout, allocation_unit=unit,
+        **TASPO_SETTINGS,
     )
-    seen = _train_one_step(trainer, game, monkeypatch)
+    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories, pi = trainer.last_step.trajectories, trainer.last_step.privileged_info
     assert [t.won for t in trajectories] == [True, True, False, False]
     # The failure that found the cd gets PI from its successful siblings; the wanderer shares no step with them.
@@ -435,14 +430,15 @@ def _teacher_expectation(method, trainer, snapshot, teacher) -> list[list]:
 
 @pytest.mark.parametrize("name", sorted(CREDIT_METHODS))
 def test_comparison_method_reaches_the_loss(
-    name, tmp_path, tiny_model_dir, other_model_dir, other_model, game, snapshot, monkeypatch
+    name, tmp_path, tiny_model_dir, other_model_dir, other_model, pick_and_place_game, snapshot, monkeypatch
 ):
     method = get_credit(name)
     settings = dict(BASELINE_SETTINGS.get(name, {}))
     if method.teacher == "external":
         settings["teacher_model_name_or_path"] = other_model_dir
-    trainer = _trainer(BaselineTrainer, BaselineConfig, tmp_path, tiny_model_dir, game, baseline=name, **settings)
-    seen = _train_one_step(trainer, game, monkeypatch)
+    trainer = _trainer(BaselineTrainer, BaselineConfig, tmp_path, tiny_model_dir, pick_and_place_game, baseline=name,
+                       **settings)
+    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     if method.teacher is None:
