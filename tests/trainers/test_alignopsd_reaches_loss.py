@@ -2,12 +2,12 @@
 advantages TRL's ``compute_loss`` receives in one real optimizer step equal an expectation built here
 independently.
 
-The batch is ``test_credit_reaches_loss``'s: one real ALFWorld game, a tiny random-weight policy, two wins and two
-failures, each response's thinking naming the action it takes. The second win looks around once more, so its
-turn t + 1 makes the decision the first win makes at turn t: a decision-aligned source is NOT at the target's step
-index. The scripted teacher thinks, at each turn, about the decision the skills call for there (the walkthrough's
-next step), which is not always what the student did, so H[source, target] is not symmetric and swapping the
-teacher and student roles changes the match.
+The batch is ``test_credit_reaches_loss``'s (``tests.helpers.one_step``): one real ALFWorld game, a tiny
+random-weight policy, two wins and two failures, each response's thinking naming the action it takes. The second win
+looks around once more, so its turn t + 1 makes the decision the first win makes at turn t: a decision-aligned
+source is NOT at the target's step index. The scripted teacher thinks, at each turn, about the decision the skills
+call for there (the walkthrough's next step), which is not always what the student did, so H[source, target] is not
+symmetric and swapping the teacher and student roles changes the match.
 
 The expectation is built from
 - log-probs from plain forward passes of the initial weights (the rollout snapshot of step 0): the plain prompt,
@@ -51,14 +51,13 @@ from taspo_trl.credit.alignopsd import (
 from taspo_trl.envs.alfworld import task_spec_rows
 from taspo_trl.rollout.generation import Generation
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-from tests.trainers.test_credit_reaches_loss import (  # noqa: F401  (snapshot: a fixture)
+from tests.helpers.one_step import (
     ATOL as LOGPROB_ATOL,
     THOUGHTS,
-    _logprobs,
-    _prompt_ids,
-    _received_rows,
-    _train_one_step,
-    snapshot,
+    chat_prompt_ids,
+    received_rows,
+    response_logprobs,
+    train_one_step,
 )
 
 # The test's own forwards and the trainer's agree to ~1e-5 in log-prob on one CPU (LOGPROB_ATOL's note), but
@@ -127,7 +126,7 @@ def _run(tmp_path, tiny_model_dir, game, encoder, monkeypatch, **overrides):
     walkthrough = json.loads(Path(game).read_text())["walkthrough"]
     teacher = _Teacher(trainer, _teacher_plans(walkthrough))
     monkeypatch.setattr(alignopsd_module, "generator_for_trainer", lambda _trainer, batch_size=None: teacher)
-    seen = _train_one_step(trainer, game, monkeypatch)
+    seen = train_one_step(trainer, game, monkeypatch)
     assert teacher.calls == 1
     return trainer, seen, _teacher_plans(walkthrough)
 
@@ -202,8 +201,8 @@ def _expectation(trainer, snapshot, encoder, teacher_plans, ablation: str, **set
 
     def privileged(j: int, u: int) -> list[int]:
         turn = trajectories[j].turns[u]
-        assert _prompt_ids(tokenizer, turn.prompt_text) == turn.prompt_ids
-        return _prompt_ids(tokenizer, f"{contexts[j]}\n\n{turn.prompt_text}")
+        assert chat_prompt_ids(tokenizer, turn.prompt_text) == turn.prompt_ids
+        return chat_prompt_ids(tokenizer, f"{contexts[j]}\n\n{turn.prompt_text}")
 
     gaps, weighted, spans = [], [], []
     for i, trajectory in enumerate(trajectories):
@@ -211,8 +210,8 @@ def _expectation(trainer, snapshot, encoder, teacher_plans, ablation: str, **set
         turn_gaps = []
         for row in rows_of[i]:
             turn = trajectory.turns[keys[row][1]]
-            student = _logprobs(snapshot, turn.prompt_ids, turn.response_ids)
-            diagonal = _logprobs(snapshot, privileged(i, keys[row][1]), turn.response_ids)
+            student = response_logprobs(snapshot, turn.prompt_ids, turn.response_ids)
+            diagonal = response_logprobs(snapshot, privileged(i, keys[row][1]), turn.response_ids)
             sources = selected[row] if alpha_max > 0 else ()
             if not sources:
                 turn_gaps.append(corrected_token_gap(diagonal, student))
@@ -220,7 +219,8 @@ def _expectation(trainer, snapshot, encoder, teacher_plans, ablation: str, **set
             sims = h[list(sources), row]
             omega = source_weights(sims, s["aggregation_temperature"])
             alpha = correction_strength(correspondence_confidence(sims, omega, tau), alpha_max)
-            views = torch.stack([_logprobs(snapshot, privileged(*keys[src]), turn.response_ids) for src in sources])
+            views = torch.stack([response_logprobs(snapshot, privileged(*keys[src]), turn.response_ids)
+                                 for src in sources])
             turn_gaps.append(corrected_token_gap(diagonal, student, cross_teacher_logprobs(views, omega), alpha))
         gaps.append(turn_gaps)
         n = trajectory.num_turns
@@ -262,7 +262,7 @@ def _assert_advantages_received(seen, trajectories, total) -> None:
             values = torch.tensor(value if isinstance(value, list) else [value] * n, dtype=torch.float64)
             assert values.numel() == n
             expected.append(((tuple(turn.prompt_ids), tuple(turn.response_ids)), values))
-    for key, advantages, _ in _received_rows(seen):
+    for key, advantages, _ in received_rows(seen):
         candidates = [k for k, (want, _) in enumerate(expected) if want == key]
         assert candidates, "the loss got a row that is no turn of the batch"
         errors = [(expected[k][1] - advantages).abs().max().item() for k in candidates]
@@ -340,9 +340,11 @@ def test_sdar_auxiliary_term_reaches_the_loss(tmp_path, tiny_model_dir, pick_and
     for i, (trajectory, per_turn) in enumerate(zip(trajectories, want["total"], strict=True)):
         turns = []
         for turn, value in zip(trajectory.turns, per_turn, strict=True):
-            student = _logprobs(snapshot, turn.prompt_ids, turn.response_ids)
-            teacher = _logprobs(snapshot, _prompt_ids(trainer.processing_class, f"{contexts[i]}\n\n{turn.prompt_text}"),
-                                turn.response_ids)
+            student = response_logprobs(snapshot, turn.prompt_ids, turn.response_ids)
+            teacher = response_logprobs(
+                snapshot, chat_prompt_ids(trainer.processing_class, f"{contexts[i]}\n\n{turn.prompt_text}"),
+                turn.response_ids,
+            )
             gate = [coef / (1.0 + math.exp(-beta * (float(t) - float(s)))) for t, s in zip(teacher, student)]
             base = value if isinstance(value, list) else [value] * len(gate)
             turns.append([b + g for b, g in zip(base, gate)])

@@ -16,65 +16,27 @@ row is matched to its turn by its token ids.
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM
 
-import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.credit.registry import CREDIT_METHODS, OutcomeBatch, TeacherGaps, get_credit
 from taspo_trl.envs.alfworld import task_spec_rows
-from taspo_trl.testing import PlannedGenerator, make_tiny_model_dir
+from taspo_trl.testing import make_tiny_model_dir
 from taspo_trl.trainers import BaselineConfig, BaselineTrainer
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-
-MAX_TURNS = 6
-ATOL = 1e-4  # float32 forwards in different batch shapes agree to ~1e-5 in log-prob; weights amplify by < 2
-
-THOUGHTS = {
-    "go to": "The cd could be at {rest}, so I walk over there.",
-    "open": "The {rest} is closed; opening it shows what is inside.",
-    "take": "There it is, I pick up {rest}.",
-    "move": "I hold the cd, and {rest} is where it belongs.",
-    "look": "I am not sure where I am; I look around first.",
-    "inventory": "Let me check what I am carrying.",
-    "examine": "I want a closer view of {rest}.",
-}
-
-
-class ThinkingGenerator(PlannedGenerator):
-    """``PlannedGenerator`` whose reasoning follows the action it is about to take, so two siblings that decide
-    differently also think differently (and two that decide alike think alike)."""
-
-    def response_text(self, action: str | None) -> str:
-        if action is None:
-            return "I am not sure what to do."
-        verb = next(v for v in THOUGHTS if action.startswith(v))
-        thought = THOUGHTS[verb].format(rest=action[len(verb) :].strip())
-        return f"<think>{thought}</think> <action>{action}</action>"
-
-
-def _plans(walkthrough: list[str]) -> list[list[str | None]]:
-    """Two wins (the walkthrough; the walkthrough with a look around), two failures: one that finds and takes the
-    cd but carries it to the wrong place, and one that wanders and never opens the drawer."""
-    go_drawer, open_drawer, take_cd, go_bin, put_cd = walkthrough
-    return [
-        [go_drawer, open_drawer, take_cd, go_bin, put_cd],
-        [go_drawer, "look", open_drawer, take_cd, go_bin, put_cd],
-        [go_drawer, open_drawer, take_cd, "go to countertop 1", "inventory", None],
-        ["look", "go to countertop 1", "examine countertop 1", "inventory", "go to drawer 1", "look"],
-    ]
-
-
-@pytest.fixture(scope="module")
-def snapshot(tiny_model_dir):
-    """The initial weights, loaded on their own: the rollout snapshot (and every self-teacher) of step 0."""
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+from tests.helpers.one_step import (
+    ATOL,
+    MAX_TURNS,
+    chat_prompt_ids,
+    received_rows,
+    response_logprobs,
+    train_one_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,45 +51,7 @@ def other_model(other_model_dir):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# one optimizer step, and what TRL's loss received
-
-
-def _train_one_step(trainer, game, monkeypatch) -> list[dict[str, torch.Tensor]]:
-    """Run ``trainer.train()`` for its one step on the scripted batch; returns the inputs of every
-    ``compute_loss`` call, copied before the loss sees them."""
-    plans = _plans(json.loads(Path(game).read_text())["walkthrough"])
-    generator = ThinkingGenerator(trainer.model, trainer.processing_class, plans)
-    monkeypatch.setattr(grpo_module, "generator_for_trainer", lambda _trainer, batch_size=None: generator)
-    seen: list[dict[str, torch.Tensor]] = []
-    compute_loss = type(trainer).compute_loss
-
-    def spy(self, model, inputs, *args, **kwargs):
-        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "tool_mask")
-        seen.append({key: inputs[key].detach().clone() for key in keys})
-        return compute_loss(self, model, inputs, *args, **kwargs)
-
-    monkeypatch.setattr(type(trainer), "compute_loss", spy)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    assert seen, "compute_loss was never called"
-    return seen
-
-
-def _received_rows(seen: list[dict[str, torch.Tensor]]) -> list[tuple[tuple, torch.Tensor, torch.Tensor]]:
-    """(row key, advantages, loss weights) of every row TRL's loss got: the key is the row's unpadded prompt and
-    completion token ids, the values are on its completion tokens."""
-    out = []
-    for inputs in seen:
-        for r in range(inputs["completion_ids"].size(0)):
-            completion = inputs["completion_mask"][r].bool()
-            if not completion.any():
-                continue  # layout padding
-            prompt = inputs["prompt_ids"][r][inputs["prompt_mask"][r].bool()].tolist()
-            key = (tuple(prompt), tuple(inputs["completion_ids"][r][completion].tolist()))
-            out.append((key, inputs["advantages"][r][completion].double(), inputs["tool_mask"][r][completion].double()))
-    return out
+# one optimizer step (tests.helpers.one_step), and what TRL's loss received
 
 
 def _expected_turn_rows(trajectories, advantages_per_turn) -> list[tuple[tuple, torch.Tensor, torch.Tensor]]:
@@ -169,7 +93,7 @@ def _expected_sequence_rows(trajectories, advantages_per_turn) -> list[tuple[tup
 def _assert_loss_received(seen, expected) -> None:
     """Every row TRL's loss got is an expected row with the expected advantages and Eq. 7 weights; every expected
     row with a non-zero advantage was received (rows whose advantages are all 0 may be left out, exactly)."""
-    received = _received_rows(seen)
+    received = received_rows(seen)
     unmatched = list(expected)
     for key, advantages, balance in received:
         candidates = [k for k, (want_key, _, _) in enumerate(unmatched) if want_key == key]
@@ -191,35 +115,16 @@ def _assert_loss_received(seen, expected) -> None:
 # independent forwards and formulas
 
 
-def _prompt_ids(tokenizer, user_text: str) -> list[int]:
-    messages = [{"role": "user", "content": user_text}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-
-
-_LOGPROBS: dict[tuple, torch.Tensor] = {}
-
-
-def _logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
-    """log pi(response | prompt) token by token (float64), from one plain forward (kept: the forwards of one step
-    are reused by several expectations)."""
-    key = (id(model), tuple(prompt), tuple(response))
-    if key not in _LOGPROBS:
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + response]), logits_to_keep=len(response) + 1).logits[0, :-1]
-        _LOGPROBS[key] = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
-    return _LOGPROBS[key]
-
-
 def _privileged_prompt(tokenizer, context: str, trajectory, t: int, layout: str) -> list[int]:
     """Turn t's prompt with the context in front of the first user message (TASPO Sec. 3.2, Eq. 3): in the turn
     layout that is the turn's own message; in the sequence layout the first one, the history after it unchanged."""
     first, turn = trajectory.turns[0], trajectory.turns[t]
     if layout == "turn":
-        assert _prompt_ids(tokenizer, turn.prompt_text) == turn.prompt_ids  # the rendering the policy saw
-        return _prompt_ids(tokenizer, f"{context}\n\n{turn.prompt_text}")
-    assert _prompt_ids(tokenizer, first.prompt_text) == first.prompt_ids
+        assert chat_prompt_ids(tokenizer, turn.prompt_text) == turn.prompt_ids  # the rendering the policy saw
+        return chat_prompt_ids(tokenizer, f"{context}\n\n{turn.prompt_text}")
+    assert chat_prompt_ids(tokenizer, first.prompt_text) == first.prompt_ids
     assert turn.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
-    return _prompt_ids(tokenizer, f"{context}\n\n{first.prompt_text}") + turn.prompt_ids[len(first.prompt_ids) :]
+    return chat_prompt_ids(tokenizer, f"{context}\n\n{first.prompt_text}") + turn.prompt_ids[len(first.prompt_ids) :]
 
 
 def _gap(model, teacher, tokenizer, context: str, trajectory, t: int, layout: str = "turn") -> torch.Tensor:
@@ -227,7 +132,8 @@ def _gap(model, teacher, tokenizer, context: str, trajectory, t: int, layout: st
     teacher under the plain prompt."""
     turn = trajectory.turns[t]
     prompt = _privileged_prompt(tokenizer, context, trajectory, t, layout) if context else turn.prompt_ids
-    return _logprobs(teacher, prompt, turn.response_ids) - _logprobs(model, turn.prompt_ids, turn.response_ids)
+    return (response_logprobs(teacher, prompt, turn.response_ids)
+            - response_logprobs(model, turn.prompt_ids, turn.response_ids))
 
 
 def _grpo_advantages(trajectories) -> list[float]:
@@ -299,7 +205,7 @@ def _trainer(cls, config_cls, tmp_path, model_dir, game, **overrides):
 
 def test_grpo_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, monkeypatch):
     trainer = _trainer(AgentGRPOTrainer, AgentGRPOConfig, tmp_path, tiny_model_dir, pick_and_place_game)
-    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
+    seen = train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     advantages = _grpo_advantages(trajectories)
@@ -334,7 +240,7 @@ def test_taspo_reaches_the_loss(tmp_path, tiny_model_dir, pick_and_place_game, s
         TASPOTrainer, TASPOConfig, tmp_path, tiny_model_dir, pick_and_place_game, layout=layout, allocation_unit=unit,
         **TASPO_SETTINGS,
     )
-    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
+    seen = train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories, pi = trainer.last_step.trajectories, trainer.last_step.privileged_info
     assert [t.won for t in trajectories] == [True, True, False, False]
     # The failure that found the cd gets PI from its successful siblings; the wanderer shares no step with them.
@@ -412,7 +318,7 @@ def _teacher_expectation(method, trainer, snapshot, teacher) -> list[list]:
         delta, step_delta, mask, student = (torch.zeros(n, width, dtype=torch.float64) for _ in range(4))
         for t, turn in enumerate(trajectory.turns):
             length = len(turn.response_ids)
-            student[t, :length] = _logprobs(snapshot, turn.prompt_ids, turn.response_ids)
+            student[t, :length] = response_logprobs(snapshot, turn.prompt_ids, turn.response_ids)
             for gaps, values in ((episode, delta), (step, step_delta)):
                 if t in gaps:
                     values[t, :length] = gaps[t]
@@ -438,7 +344,7 @@ def test_comparison_method_reaches_the_loss(
         settings["teacher_model_name_or_path"] = other_model_dir
     trainer = _trainer(BaselineTrainer, BaselineConfig, tmp_path, tiny_model_dir, pick_and_place_game, baseline=name,
                        **settings)
-    seen = _train_one_step(trainer, pick_and_place_game, monkeypatch)
+    seen = train_one_step(trainer, pick_and_place_game, monkeypatch)
     trajectories = trainer.last_step.trajectories
     assert [t.won for t in trajectories] == [True, True, False, False]
     if method.teacher is None:
