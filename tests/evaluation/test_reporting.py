@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from taspo_trl.envs.alfworld.tasks import TASK_TYPES
 from taspo_trl.reporting import (
     load_log_history,
     main,
@@ -190,20 +191,11 @@ def test_curves_errors(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # tables
 
-FAMILIES = [
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-]
-
 
 def _alfworld(method: str, split: str, wins: list[int], n: list[int], steps: list[float | None]) -> dict:
     groups = {
         family: {"n": k, "success": w / k, "score": w / k, "mean_steps_success": s}
-        for family, w, k, s in zip(FAMILIES, wins, n, steps)
+        for family, w, k, s in zip(TASK_TYPES, wins, n, steps)
     }
     total_steps = [s * w for s, w in zip(steps, wins) if s is not None]
     return {

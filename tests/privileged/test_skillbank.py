@@ -9,6 +9,7 @@ import zlib
 import pytest
 import torch
 
+from taspo_trl.envs.alfworld.tasks import TASK_TYPES
 from taspo_trl.privileged.skillbank import (
     SHIPPED_BANKS,
     SKILLS_FOOTER,
@@ -23,14 +24,6 @@ from taspo_trl.privileged.skillbank import (
     task_query,
 )
 
-ALFWORLD_TASK_TYPES = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
 HEAT = "pick_heat_then_place_in_recep"
 ALFWORLD_INTRO = (
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see "
@@ -178,7 +171,7 @@ def test_shipped_banks_load_and_validate(name):
 
 def test_alfworld_bank_covers_every_task_family():
     bank = SkillBank.load("alfworld")
-    assert set(bank.task_types) == set(ALFWORLD_TASK_TYPES)
+    assert set(bank.task_types) == set(TASK_TYPES)
     general = [skill for skill in bank if not skill.task_types]
     assert len(general) >= 5
     text = " ".join(skill.skill for skill in bank)
