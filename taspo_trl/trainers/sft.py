@@ -16,6 +16,7 @@ model from the same dataset when `frozen_layers` is 0.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ from ..rollout.generation import TransformersGenerator
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
 from .trl_config import adopt_activation_checkpointing
+
+
+_THOUGHT = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
 @dataclass
@@ -95,6 +99,14 @@ class AgentSFTConfig(SFTConfig):
             targets, so the target is learned from $P_i$ and not from the state. Needs
             `demonstration_pi_episodes` >= 1 (the informed episodes' $P_i$ is used) and an expert built with
             `informed=True` that can follow others' commands (`observe`).
+        demonstration_thoughtless_share (`float`, defaults to `0.0`):
+            Share of the rows (drawn with `demonstration_seed`) whose response has an empty thought,
+            `<think></think>`, before the expert's action. The expert's thoughts name the command they lead to, so
+            a policy trained on them alone picks its command in the thought and copies it into the action; after a
+            thought that does not settle it (a sampled one, or the fixed thought of the scripted plans
+            `benchmarks/pi_specificity.py` scores) its action tokens follow a prior ("go to" somewhere) and read
+            neither the observation nor the commands $P_i$ quotes. These rows make the action's own tokens choose,
+            which is where TASPO's Eq. 3 credit for the command lands.
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
@@ -124,6 +136,9 @@ class AgentSFTConfig(SFTConfig):
     demonstration_pi_corrections: bool = field(
         default=False, metadata={"help": "Rows of the informed expert's corrections of plain episodes, with P_i."}
     )
+    demonstration_thoughtless_share: float = field(
+        default=0.0, metadata={"help": "Share of rows whose response has an empty thought."}
+    )
     frozen_layers: int = field(
         default=0, metadata={"help": "Lowest decoder layers (and the embeddings) kept fixed; 0 trains all."}
     )
@@ -149,6 +164,10 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(
                 f"demonstration_foreign_pi_share must be in [0, 1], got {self.demonstration_foreign_pi_share}."
             )
+        if not 0.0 <= self.demonstration_thoughtless_share <= 1.0:
+            raise ValueError(
+                f"demonstration_thoughtless_share must be in [0, 1], got {self.demonstration_thoughtless_share}."
+            )
         if self.demonstration_foreign_pi_share and not self.demonstration_pi_episodes:
             raise ValueError("demonstration_foreign_pi_share shows plain episodes the privileged context of another "
                              "task, which informed episodes provide: set demonstration_pi_episodes >= 1.")
@@ -173,14 +192,36 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
     plain_per_task = config.demonstrations_per_task - config.demonstration_pi_episodes
     plain = play([spec for spec in specs for _ in range(plain_per_task)], seed=config.demonstration_seed)
     if not config.demonstration_pi_episodes:
-        return demonstration_dataset(plain, config.layout).select_columns(["prompt", "completion"])
-    informed, contexts = _informed_episodes(specs, config.demonstration_pi_episodes, plain, tokenizer, config)
-    foreign = foreign_guidance(plain, informed, contexts, config.demonstration_foreign_pi_share,
-                               seed=config.demonstration_seed + 3)
-    datasets = [_guided_rows(plain, foreign, config.layout), _guided_rows(informed, contexts, config.layout)]
-    if config.demonstration_pi_corrections and (corrections := informed_corrections(plain, informed, contexts, config)):
-        datasets.append(Dataset.from_list(corrections))
-    return concatenate_datasets(datasets).select_columns(["prompt", "completion"])
+        dataset = demonstration_dataset(plain, config.layout)
+    else:
+        informed, contexts = _informed_episodes(specs, config.demonstration_pi_episodes, plain, tokenizer, config)
+        foreign = foreign_guidance(plain, informed, contexts, config.demonstration_foreign_pi_share,
+                                   seed=config.demonstration_seed + 3)
+        datasets = [_guided_rows(plain, foreign, config.layout), _guided_rows(informed, contexts, config.layout)]
+        if config.demonstration_pi_corrections and (corrections := informed_corrections(plain, informed, contexts, config)):
+            datasets.append(Dataset.from_list(corrections))
+        dataset = concatenate_datasets(datasets)
+    dataset = dataset.select_columns(["prompt", "completion"])
+    if config.demonstration_thoughtless_share:
+        dataset = thoughtless_rows(dataset, config.demonstration_thoughtless_share, seed=config.demonstration_seed + 5)
+    return dataset
+
+
+def thoughtless_rows(dataset: Any, share: float, seed: int) -> Any:
+    """``dataset`` (prompt-completion rows) with a ``share`` of its rows, drawn with ``seed``, answering with an
+    empty thought before their action (``AgentSFTConfig.demonstration_thoughtless_share``)."""
+    import random
+
+    rng = random.Random(seed)
+    chosen = [rng.random() < share for _ in range(len(dataset))]
+
+    def empty(row: dict[str, Any], index: int) -> dict[str, Any]:
+        if chosen[index]:
+            row["completion"] = [{**message, "content": _THOUGHT.sub("<think></think>", message["content"], count=1)}
+                                 for message in row["completion"]]
+        return row
+
+    return dataset.map(empty, with_indices=True)
 
 
 def guided_sft_dataset(

@@ -443,3 +443,28 @@ def test_informed_corrections_send_the_searcher_where_its_own_guidance_points(al
         assert action.removeprefix("go to ") in sources[task] and f'"{action}"' in context, (action, context)
     with pytest.raises(ValueError, match="set demonstration_pi_episodes >= 1"):
         AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_pi_corrections=True)
+
+
+def test_thoughtless_rows_keep_the_action_and_drop_the_thought(alfworld_specs, embedded_tokenizer, tmp_path):
+    """demonstration_thoughtless_share: the chosen rows answer ``<think></think>`` and the same action; prompts and
+    every other row stay as they were, and the choice follows the seed."""
+    from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
+
+    rows = [dict(spec) for spec in alfworld_specs[:2]]
+    settings = dict(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none")
+    plain = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(**settings)).to_list()
+    every = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstration_thoughtless_share=1.0)).to_list()
+    half = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstration_thoughtless_share=0.5)).to_list()
+    again = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
+        **settings, demonstration_thoughtless_share=0.5)).to_list()
+    assert [r["prompt"] for r in every] == [r["prompt"] for r in plain] == [r["prompt"] for r in half]
+    for before, after, some in zip(plain, every, half, strict=True):
+        action = _BLOCK.match(before["completion"][0]["content"])["action"]
+        assert after["completion"][0]["content"] == f"<think></think> <action>{action}</action>"
+        assert some["completion"] in (before["completion"], after["completion"])
+    changed = sum(a["completion"] != b["completion"] for a, b in zip(half, plain, strict=True))
+    assert 0 < changed < len(plain) and half == again
+    with pytest.raises(ValueError, match="demonstration_thoughtless_share must be in"):
+        AgentSFTConfig(**settings, demonstration_thoughtless_share=1.5)
