@@ -111,7 +111,7 @@ class WarmStart:
     wander_rate: float = 0.0
     """Per-turn probability of an injected random command (``AgentSFTConfig.demonstration_wander_rate``)."""
     thoughtless_share: float = 0.0
-    """Share of the SFT rows answering with an empty thought before the expert's action
+    """Share of the SFT rows with a privileged context answering with an empty thought before the expert's action
     (``AgentSFTConfig.demonstration_thoughtless_share``)."""
     frozen_layers: int = 0
     """Lowest decoder layers kept fixed, with the embeddings (``AgentSFTConfig.frozen_layers``); with

@@ -100,13 +100,16 @@ class AgentSFTConfig(SFTConfig):
             `demonstration_pi_episodes` >= 1 (the informed episodes' $P_i$ is used) and an expert built with
             `informed=True` that can follow others' commands (`observe`).
         demonstration_thoughtless_share (`float`, defaults to `0.0`):
-            Share of the rows (drawn with `demonstration_seed`) whose response has an empty thought,
-            `<think></think>`, before the expert's action. The expert's thoughts name the command they lead to, so
-            a policy trained on them alone picks its command in the thought and copies it into the action; after a
-            thought that does not settle it (a sampled one, or the fixed thought of the scripted plans
-            `benchmarks/pi_specificity.py` scores) its action tokens follow a prior ("go to" somewhere) and read
-            neither the observation nor the commands $P_i$ quotes. These rows make the action's own tokens choose,
-            which is where TASPO's Eq. 3 credit for the command lands.
+            Share of the rows with a privileged context in their prompt (the task's own $P_i$ or another task's;
+            drawn with `demonstration_seed`) whose response has an empty thought, `<think></think>`, before the
+            expert's action. A policy trained on the expert's thoughts alone settles its command in the thought
+            and copies it into the action; after a thought that does not settle it (a sampled one, or the fixed
+            thought of the scripted plans `benchmarks/pi_specificity.py` scores) its action tokens follow a prior
+            ("go to" somewhere) and read neither the observation nor the commands $P_i$ quotes. These rows make the
+            action's own tokens choose, which is where TASPO's Eq. 3 credit for the command lands. Rows without a
+            context keep their thoughts, so the plain policy that plays the episodes still thinks first: with
+            empty thoughts among them too, greedy decoding skipped the thought on most turns and won far less.
+            Needs `demonstration_pi_episodes` >= 1.
         frozen_layers (`int`, defaults to `0`):
             Keep the token embeddings and this many of the lowest decoder layers fixed. Backpropagation then
             stops above them, so a step costs less: on the 135M embedded model, freezing 15 of its 30 layers
@@ -168,6 +171,9 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(
                 f"demonstration_thoughtless_share must be in [0, 1], got {self.demonstration_thoughtless_share}."
             )
+        if self.demonstration_thoughtless_share and not self.demonstration_pi_episodes:
+            raise ValueError("demonstration_thoughtless_share empties the thoughts of rows with a privileged context; "
+                             "set demonstration_pi_episodes >= 1 so that there are some.")
         if self.demonstration_foreign_pi_share and not self.demonstration_pi_episodes:
             raise ValueError("demonstration_foreign_pi_share shows plain episodes the privileged context of another "
                              "task, which informed episodes provide: set demonstration_pi_episodes >= 1.")
@@ -201,19 +207,19 @@ def demonstration_sft_dataset(rows: Sequence[dict[str, Any]], tokenizer: Any, co
         if config.demonstration_pi_corrections and (corrections := informed_corrections(plain, informed, contexts, config)):
             datasets.append(Dataset.from_list(corrections))
         dataset = concatenate_datasets(datasets)
-    dataset = dataset.select_columns(["prompt", "completion"])
     if config.demonstration_thoughtless_share:
         dataset = thoughtless_rows(dataset, config.demonstration_thoughtless_share, seed=config.demonstration_seed + 5)
-    return dataset
+    return dataset.select_columns(["prompt", "completion"])
 
 
 def thoughtless_rows(dataset: Any, share: float, seed: int) -> Any:
-    """``dataset`` (prompt-completion rows) with a ``share`` of its rows, drawn with ``seed``, answering with an
-    empty thought before their action (``AgentSFTConfig.demonstration_thoughtless_share``)."""
+    """``dataset`` (prompt-completion rows with a ``guided`` column) with a ``share`` of its guided rows, drawn with
+    ``seed``, answering with an empty thought before their action
+    (``AgentSFTConfig.demonstration_thoughtless_share``)."""
     import random
 
     rng = random.Random(seed)
-    chosen = [rng.random() < share for _ in range(len(dataset))]
+    chosen = [guided and rng.random() < share for guided in dataset["guided"]]
 
     def empty(row: dict[str, Any], index: int) -> dict[str, Any]:
         if chosen[index]:
@@ -296,8 +302,9 @@ def _guided_rows(demonstrations: Sequence[Demonstration], contexts: Sequence[str
 
 def _with_context(rows: list[dict[str, Any]], context: str) -> list[dict[str, Any]]:
     """``rows`` with ``context`` in front of each prompt's first user message (none where it is ""), as
-    ``privileged_prompt_ids`` puts P_i."""
+    ``privileged_prompt_ids`` puts P_i, and ``guided`` saying whether it is there."""
     for row in rows:
+        row["guided"] = bool(context)
         if context:
             row["prompt"][0]["content"] = privileged_user_text(context, row["prompt"][0]["content"])
     return rows

@@ -445,13 +445,16 @@ def test_informed_corrections_send_the_searcher_where_its_own_guidance_points(al
         AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_pi_corrections=True)
 
 
-def test_thoughtless_rows_keep_the_action_and_drop_the_thought(alfworld_specs, embedded_tokenizer, tmp_path):
-    """demonstration_thoughtless_share: the chosen rows answer ``<think></think>`` and the same action; prompts and
-    every other row stay as they were, and the choice follows the seed."""
+def test_thoughtless_rows_are_guided_rows_with_the_same_action_and_no_thought(alfworld_specs, embedded_tokenizer,
+                                                                              tmp_path):
+    """demonstration_thoughtless_share: the chosen rows all carry a privileged context and answer ``<think></think>``
+    with the same action; prompts, rows without a context and the other rows stay as they were, and the choice
+    follows the seed."""
     from taspo_trl.trainers.sft import AgentSFTConfig, demonstration_sft_dataset
 
     rows = [dict(spec) for spec in alfworld_specs[:2]]
-    settings = dict(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none")
+    settings = dict(output_dir=str(tmp_path), history_window=1, use_cpu=True, report_to="none",
+                    demonstrations_per_task=2, demonstration_pi_episodes=1)
     plain = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(**settings)).to_list()
     every = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
         **settings, demonstration_thoughtless_share=1.0)).to_list()
@@ -460,11 +463,19 @@ def test_thoughtless_rows_keep_the_action_and_drop_the_thought(alfworld_specs, e
     again = demonstration_sft_dataset(rows, embedded_tokenizer, AgentSFTConfig(
         **settings, demonstration_thoughtless_share=0.5)).to_list()
     assert [r["prompt"] for r in every] == [r["prompt"] for r in plain] == [r["prompt"] for r in half]
+    guided_rows = 0
     for before, after, some in zip(plain, every, half, strict=True):
         action = _BLOCK.match(before["completion"][0]["content"])["action"]
-        assert after["completion"][0]["content"] == f"<think></think> <action>{action}</action>"
+        if before["prompt"][0]["content"].startswith("[Privileged Guidance]"):
+            guided_rows += 1
+            assert after["completion"][0]["content"] == f"<think></think> <action>{action}</action>"
+        else:
+            assert after["completion"] == before["completion"]
         assert some["completion"] in (before["completion"], after["completion"])
+    assert 0 < guided_rows < len(plain)
     changed = sum(a["completion"] != b["completion"] for a, b in zip(half, plain, strict=True))
-    assert 0 < changed < len(plain) and half == again
+    assert 0 < changed < guided_rows and half == again
     with pytest.raises(ValueError, match="demonstration_thoughtless_share must be in"):
         AgentSFTConfig(**settings, demonstration_thoughtless_share=1.5)
+    with pytest.raises(ValueError, match="set demonstration_pi_episodes >= 1"):
+        AgentSFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", demonstration_thoughtless_share=0.5)
