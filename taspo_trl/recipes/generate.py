@@ -253,7 +253,7 @@ def sft_quickstart(env: str) -> str:
             f"demonstration_pi_corrections: {str(spec.pi_corrections).lower()}  # informed corrections of plain ones, "
             "with P_i",
             f"demonstration_mistake_rate: {spec.mistake_rate}",
-            *([f"demonstration_thoughtless_share: {spec.thoughtless_share}  # rows with an empty thought: the action "
+            *([f"demonstration_thoughtless_share: {spec.thoughtless_share}  # rows with P_i and an empty thought: the action "
                "chooses"] if spec.thoughtless_share else []),
         ]
         prompt = [f"layout: {spec.layout}", f"history_window: {spec.history_window}"]
