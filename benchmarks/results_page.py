@@ -506,7 +506,7 @@ def gpu_check(result: dict[str, Any]) -> str:
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start, sampled siblings
+CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the previous warm start, sampled siblings
 CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_xeon.json"  # the same, on another CPU
 WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
@@ -517,7 +517,7 @@ QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cach
 QUICKSTART_TITLE = "The first command from a fresh clone"
 WARM_START_TITLE = "The warm start: does it play games it never saw?"
 PI_TITLE = "Does the policy read its privileged context?"
-CREDIT_TITLE = "Credit quality on ALFWorld with the shipped warm start"
+CREDIT_TITLE = "Credit quality on ALFWorld with the previous warm start"
 CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
 SEARCH_TITLE = "Credit quality on Search-QA, every method"
 WEBSHOP_TITLE = "Credit quality on WebShop, every method"
@@ -614,7 +614,8 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
      "games with a win among 4 sampled siblings", WARM_START_TITLE, _summary_warm_start),
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
      "guidance closes", PI_TITLE, _summary_pi),
-    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
+    ("Credit quality on ALFWorld with the previous warm start (thoughts on every row, 1.5 epochs; sampled siblings "
+     "on games it never saw, bf16): verdict "
      "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
      "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
     ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
