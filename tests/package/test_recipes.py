@@ -215,7 +215,7 @@ def test_sft_recipe_trains_on_expert_demonstrations(recipe, tmp_path, family_gam
     argv = _cpu_overrides(recipe, tmp_path, family_games_dir, tiny_model_dir) + [
         "--max_steps", "1", "--demonstrations_per_task", "1", "--demonstration_pi_episodes", "0",
         "--demonstration_foreign_pi_share", "0", "--demonstration_pi_corrections", "false",
-        "--frozen_layers", "1",
+        "--demonstration_thoughtless_share", "0", "--frozen_layers", "1",
     ]
     at = argv.index("--use_vllm")
     del argv[at : at + 2]  # an RL generation setting; SFT generates nothing
