@@ -108,8 +108,7 @@ from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
-from taspo_trl.credit.registry import CREDIT_METHODS
-from taspo_trl.trainers import BaselineTrainer, method_classes, method_settings
+from taspo_trl.trainers import BaselineTrainer, method_classes, method_names, method_settings
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
 
 from results_page import seed_ranges  # the script beside this one (its folder is on the path)
@@ -133,9 +132,8 @@ QUICK = {"batches": 1, "task_types": ["pick_and_place_simple", "pick_clean_then_
 
 NOT_SCORED = {"skill_grpo": "GRPO's credit; it changes the policy's prompt, hence the rollouts",
               "opd": "needs a larger teacher model"}
-METHODS = tuple(name for name in ("grpo", "taspo", "alignopsd", *CREDIT_METHODS) if name not in NOT_SCORED)
-"""The methods scored: the trainers' own and every registered credit method but ``NOT_SCORED``. GRPO comes first: its
-trainer plays the batch."""
+METHODS = tuple(name for name in method_names() if name not in NOT_SCORED)
+"""The methods scored: every registered method but ``NOT_SCORED``. GRPO comes first: its trainer plays the batch."""
 
 
 def _config(method: str, out_dir: Path, args: argparse.Namespace, seed: int | None = None) -> Any:

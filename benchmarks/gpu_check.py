@@ -175,22 +175,11 @@ def _run_method(method: str, mode: str, model_dir: str, encoder_dir: str | None,
     from datasets import Dataset
 
     import taspo_trl.trainers.grpo as grpo_module
-    from taspo_trl import (
-        AgentGRPOConfig,
-        AgentGRPOTrainer,
-        AlignOPSDConfig,
-        AlignOPSDTrainer,
-        TASPOConfig,
-        TASPOTrainer,
-    )
     from taspo_trl.envs.base import encode_task_prompt
     from taspo_trl.testing import PlannedGenerator, walkthrough_plans
+    from taspo_trl.trainers import method_classes
 
-    config_class, trainer_class = {
-        "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
-        "taspo": (TASPOConfig, TASPOTrainer),
-        "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer),
-    }[method]
+    config_class, trainer_class = method_classes(method)
     extra = {"encoder_path": encoder_dir} if method == "alignopsd" else {}
     # Task groups per step (each the 4 siblings of walkthrough_plans) and prompt history: TRL's fused LM head
     # scores every prompt token against the whole vocabulary, which on a CPU is most of a step.

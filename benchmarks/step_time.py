@@ -26,18 +26,15 @@ from pathlib import Path
 from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
-from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
 from taspo_trl.precision import choose_precision
 from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.testing import PlannedGenerator
+from taspo_trl.trainers import method_classes
 
-METHODS = {
-    "grpo": (AgentGRPOConfig, AgentGRPOTrainer),
-    "taspo": (TASPOConfig, TASPOTrainer),
-    "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer),
-}
+METHODS = ("grpo", "taspo", "alignopsd")
+"""The methods timed: GRPO and the two papers' methods."""
 
 
 EXTRA_PASSES = {
@@ -77,7 +74,7 @@ def _time_method(name: str, model: str, game: Path, steps: int, layout: str, out
         bf16=bf16,
         seed=0,
     )
-    config_class, trainer_class = METHODS[name]
+    config_class, trainer_class = method_classes(name)
     config = config_class(**common)
     dataset = Dataset.from_list(task_spec_rows([game]) * steps)
     trainer = trainer_class(model=model, args=config, train_dataset=dataset)

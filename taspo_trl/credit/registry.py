@@ -1,14 +1,19 @@
-"""The credit methods a trainer selects by name, as verl selects its advantage estimators.
+"""Every training method by name, GRPO's own and the comparison methods' alike, as verl selects its advantage
+estimators: a recipe's ``method:`` and ``taspo_trl.trainers.method_classes`` read this one table.
 
-``BaselineTrainer`` (``method: <name>`` in a recipe, or ``BaselineConfig(baseline=<name>)``) looks its method up
-here with ``get_credit`` and calls it in one of two ways, which the entry's ``teacher`` decides:
+Two kinds of entry share it:
 
-* ``teacher=None``: ``fn(batch: OutcomeBatch, args, step)`` on the batch of all processes, returning each
-  trajectory's per-turn advantages (a float per turn, or a list with one per response token);
-* ``teacher="self"`` (the policy under a privileged context built from ``pi_source``) or ``"external"`` (another
-  model, ``teacher_model_name_or_path``, under the plain prompt): the trainer first scores every turn under the
-  teacher and calls ``fn(gaps: TeacherGaps, args, step)`` once per trajectory, returning its [turns, T]
-  per-token advantages (read on the masked tokens only).
+* a method with a trainer of its own (``register_method``: GRPO, TASPO and AlignOPSD, registered by
+  ``taspo_trl.trainers``): its ``config`` and ``trainer`` classes, whose ``turn_advantages`` computes the credit;
+* a credit function (``register_credit``), which ``BaselineTrainer`` (``BaselineConfig(baseline=<name>)``) looks up
+  with ``get_credit`` and calls in one of two ways, which the entry's ``teacher`` decides:
+
+  - ``teacher=None``: ``fn(batch: OutcomeBatch, args, step)`` on the batch of all processes, returning each
+    trajectory's per-turn advantages (a float per turn, or a list with one per response token);
+  - ``teacher="self"`` (the policy under a privileged context built from ``pi_source``) or ``"external"`` (another
+    model, ``teacher_model_name_or_path``, under the plain prompt): the trainer first scores every turn under the
+    teacher and calls ``fn(gaps: TeacherGaps, args, step)`` once per trajectory, returning its [turns, T]
+    per-token advantages (read on the masked tokens only).
 
 ``args`` is the trainer's config and ``step`` the optimizer step. ``register_credit`` adds a method, yours
 included; docs/credit-methods.md ("Your own credit method") shows one registered and run from a recipe. The built-in entries
@@ -41,6 +46,7 @@ __all__ = [
     "TeacherGaps",
     "get_credit",
     "register_credit",
+    "register_method",
 ]
 
 TEACHERS = (None, "self", "external")
@@ -85,7 +91,8 @@ class CreditMethod:
     """
 
     name: str
-    fn: Callable[..., Any]
+    fn: Callable[..., Any] | None
+    """The credit function ``BaselineTrainer`` calls; None for a method with a trainer of its own."""
     teacher: str | None = None
     """None, "self" or "external" (see ``TEACHERS``): which call convention, and which teacher scores."""
     outcome: bool = True
@@ -102,37 +109,60 @@ class CreditMethod:
     """Show the task's skills in the policy's own prompt (``prompt_skill_bank`` defaults to ``skill_bank``)."""
     title: str = ""
     """Display name (model cards, logs); defaults to ``name``."""
+    summary: str = ""
+    """What the method does, in a few words (the header of its generated recipes)."""
     paper: str = ""
     """Who introduced the method (``"Feng et al."``), linked from the model card when ``paper_id`` is set."""
     paper_id: str = ""
     """arXiv id of the method's paper (``"2505.10978"``), for the model card; empty: the card cites no paper."""
     metrics: Callable[[Any, int], dict[str, float]] | None = None
     """Extra per-step metrics, ``metrics(args, step) -> {name: value}``."""
+    config: type | None = None
+    """The config class of a method with a trainer of its own (``register_method``); None: ``BaselineConfig``."""
+    trainer: type | None = None
+    """That method's trainer class, whose ``turn_advantages`` is its credit; None: ``BaselineTrainer`` calls ``fn``."""
 
 
 CREDIT_METHODS: dict[str, CreditMethod] = {}
-"""Every registered method by name (lower case)."""
+"""Every registered method by name (lower case): the trainers' own and the credit functions."""
+
+
+def _key(name: str, caller: str) -> str:
+    key = str(name).strip().lower()
+    if not key:
+        raise ValueError(f"{caller} needs a non-empty name.")
+    return key
+
+
+def _store(method: CreditMethod, same: Callable[[CreditMethod], bool]) -> None:
+    known = CREDIT_METHODS.get(method.name)
+    if known is not None and not same(known):
+        owner = (known.trainer or known.fn).__qualname__
+        raise ValueError(f"credit method {method.name!r} is already registered ({owner}); pick another name.")
+    CREDIT_METHODS[method.name] = method
 
 
 def register_credit(name: str, fn: Callable[..., Any] | None = None, **spec: Any) -> Any:
     """Register ``fn`` as the credit method ``name`` with the ``CreditMethod`` settings ``spec``; used as a
     decorator when ``fn`` is left out. A name can be registered once (registering the same function again is a
     no-op), so a typo cannot silently replace a built-in method."""
-    key = str(name).strip().lower()
-    if not key:
-        raise ValueError("register_credit needs a non-empty name.")
+    key = _key(name, "register_credit")
     if spec.get("teacher") not in TEACHERS:
         raise ValueError(f"teacher must be one of {TEACHERS}, got {spec.get('teacher')!r}.")
 
     def add(function: Callable[..., Any]) -> Callable[..., Any]:
-        method = CreditMethod(key, function, **{"title": key, **spec})
-        known = CREDIT_METHODS.get(key)
-        if known is not None and known.fn is not function:
-            raise ValueError(f"credit method {key!r} is already registered ({known.fn.__qualname__}); pick another name.")
-        CREDIT_METHODS[key] = method
+        _store(CreditMethod(key, function, **{"title": key, **spec}), lambda known: known.fn is function)
         return function
 
     return add if fn is None else add(fn)
+
+
+def register_method(name: str, *, config: type, trainer: type, **spec: Any) -> None:
+    """Register a method whose credit its own trainer computes (``trainer.turn_advantages``), with its config class
+    and the ``CreditMethod`` settings ``spec`` (title, paper). Registering the same trainer again is a no-op."""
+    key = _key(name, "register_method")
+    method = CreditMethod(key, None, **{"title": key, **spec}, config=config, trainer=trainer)
+    _store(method, lambda known: known.trainer is trainer)
 
 
 def get_credit(name: str) -> CreditMethod:
@@ -229,37 +259,52 @@ def _rlsd_metrics(args: Any, step: int) -> dict[str, float]:
 
 register_credit(
     "skill_grpo", skill_grpo_credit, prompt_skills=True, title="Skill-GRPO",
+    summary="GRPO with retrieved skills in the policy prompt",
     paper="Lu et al. (reproduced with SDAR)", paper_id="2605.15155",
 )
-register_credit("gigpo", gigpo_credit, title="GiGPO", paper="Feng et al.", paper_id="2505.10978")
+register_credit(
+    "gigpo", gigpo_credit, title="GiGPO", summary="episode advantage plus anchor-state step advantage, gamma 0.95",
+    paper="Feng et al.", paper_id="2505.10978",
+)
 register_credit(
     "opsd", opsd_credit, teacher="self", outcome=False, pi_source="generic_skill", teacher_policy="initial",
-    distill_coef=1.0, title="OPSD", paper="Zhao et al.", paper_id="2601.18734",
+    distill_coef=1.0, title="OPSD",
+    summary="on-policy self-distillation from the skill-conditioned initial policy, no reward",
+    paper="Zhao et al.", paper_id="2601.18734",
 )
 register_credit(
     "grpo_opsd", grpo_opsd_credit, teacher="self", pi_source="generic_skill", teacher_policy="initial",
-    distill_coef=0.1, title="GRPO+OPSD", paper="Zhao et al. (OPSD)", paper_id="2601.18734",
+    distill_coef=0.1, title="GRPO+OPSD", summary="GRPO plus an ungated self-distillation term",
+    paper="Zhao et al. (OPSD)", paper_id="2601.18734",
 )
 register_credit(
     "sdar", sdar_credit, teacher="self", pi_source="generic_skill", distill_coef=0.01, title="SDAR",
+    summary="GRPO plus sigmoid-gated self-distillation, lambda 0.01, beta 5",
     paper="Lu et al.", paper_id="2605.15155",
 )
 register_credit(
     "skill_sd", skill_sd_credit, teacher="self", pi_source="success_skills", teacher_policy="periodic",
-    distill_coef=0.1, title="Skill-SD", paper="Wang et al.", paper_id="2604.10674",
+    distill_coef=0.1, title="Skill-SD",
+    summary="GRPO plus importance-weighted reverse KL to a teacher given skills from the agent's successes",
+    paper="Wang et al.", paper_id="2604.10674",
 )
 register_credit(
     "opd", opd_credit, teacher="external", outcome=False, distill_coef=1.0, title="OPD",
+    summary="reverse KL to a larger frozen teacher, no reward",
     paper="Agarwal et al. (GKD)", paper_id="2306.13649",
 )
 register_credit(
     "rlsd", rlsd_credit, teacher="self", pi_source="generic_skill", title="RLSD", metrics=_rlsd_metrics,
+    summary="reward sets the sign, the skill-conditioned teacher the size; lambda 0.5 decayed over 50 steps",
     paper="Yang et al.", paper_id="2604.03128",
 )
 register_credit(
     "opid", opid_credit, teacher="self", pi_source="aligned", step_skills=True, title="OPID",
+    summary="outcome advantage plus 0.001 x the episode-guidance and step-skill gaps",
     paper="Yang, Wu et al.", paper_id="2606.26790",
 )
 register_credit(
-    "stepopsd", stepopsd_credit, teacher="self", title="StepOPSD", paper="Zhang et al.", paper_id="2605.27140"
+    "stepopsd", stepopsd_credit, teacher="self", title="StepOPSD",
+    summary="approximation: hindsight-teacher gaps as a per-step credit budget",
+    paper="Zhang et al.", paper_id="2605.27140",
 )

@@ -13,14 +13,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from taspo_trl.credit.registry import CREDIT_METHODS
+from taspo_trl.trainers import method_names
 from taspo_trl.warmstart import FRESH_GAMES_SEED, WARM_STARTS
 
 ROOT = Path(__file__).resolve().parent
 # The ALFWorld quickstarts start from the warm-started embedded policy: the base model never writes a valid action.
 ALFWORLD_WARM_START = "embedded:smollm2-135m-alfworld"
 
-METHODS = ("grpo", "taspo", "alignopsd", "skill_grpo", "opsd", "grpo_opsd", "sdar", "skill_sd", "opd", "rlsd", "opid",
-           "gigpo", "stepopsd")
+# Every registered method gets recipes; each recipe's header is the registry entry's title and summary.
+METHODS = tuple(method_names())
 CORE_METHODS = ("grpo", "taspo", "alignopsd")
 SKILL_BANKS = {"alfworld": "alfworld", "webshop": "webshop", "search": "searchqa"}
 # GiGPO's normalisation and anchor matching per benchmark, as verl-agent's GiGPO launchers set them
@@ -37,21 +39,7 @@ GIGPO_LAUNCHERS = {
 # The paper runs its analyzer with reasoning off (TASPO Table C.3); quoted, since YAML reads a bare off as false.
 ANALYZER_REASONING = 'analyzer_reasoning: "off"  # the request field: analyzer_reasoning_param (DeepSeek: thinking)'
 
-METHOD_TITLES = {
-    "grpo": "GRPO (outcome advantage on every token)",
-    "taspo": "TASPO (analyzer-aligned privileged credit)",
-    "alignopsd": "AlignOPSD (decision-aligned rectification, semi-Markov credit)",
-    "skill_grpo": "Skill-GRPO (GRPO with retrieved skills in the policy prompt)",
-    "opsd": "OPSD (on-policy self-distillation from the skill-conditioned initial policy, no reward)",
-    "grpo_opsd": "GRPO+OPSD (GRPO plus an ungated self-distillation term)",
-    "sdar": "SDAR (GRPO plus sigmoid-gated self-distillation, lambda 0.01, beta 5)",
-    "skill_sd": "Skill-SD (GRPO plus importance-weighted reverse KL to a teacher given skills from the agent's successes)",
-    "opd": "OPD (reverse KL to a larger frozen teacher, no reward)",
-    "rlsd": "RLSD (reward sets the sign, the skill-conditioned teacher the size; lambda 0.5 decayed over 50 steps)",
-    "opid": "OPID (outcome advantage plus 0.001 x the episode-guidance and step-skill gaps)",
-    "gigpo": "GiGPO (episode advantage plus anchor-state step advantage, gamma 0.95)",
-    "stepopsd": "StepOPSD (approximation: hindsight-teacher gaps as a per-step credit budget)",
-}
+METHOD_TITLES = {name: f"{CREDIT_METHODS[name].title} ({CREDIT_METHODS[name].summary})" for name in METHODS}
 
 
 # AlignOPSD's six official profiles: the values examples/beyond_timestamps_trainer/run_<benchmark>_<size>.sh of

@@ -109,7 +109,7 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
             approximate StepOPSD's budget temperature and weight bound.
     """
 
-    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(CREDIT_METHODS)} or yours."})
+    baseline: str = field(default="sdar", metadata={"help": f"Comparison method: {', '.join(n for n, m in CREDIT_METHODS.items() if m.trainer is None)} or yours."})
     pi_source: str | None = field(default=None, metadata={"help": "Teacher context (None: the method's)."})
     teacher_policy: str | None = field(
         default=None, metadata={"help": "'initial', 'current' or 'periodic' (None: method's)."}
@@ -142,11 +142,12 @@ class BaselineConfig(AgentGRPOConfig, PrivilegedContextConfig):
     _VALID_DICT_FIELDS = [*AgentGRPOConfig._VALID_DICT_FIELDS, *PRIVILEGED_DICT_FIELDS]
 
     def __post_init__(self):
-        if self.baseline not in CREDIT_METHODS:
-            raise ValueError(
-                f"baseline must be one of {tuple(CREDIT_METHODS)} (register yours with "
-                f"taspo_trl.credit.registry.register_credit), got {self.baseline!r}."
-            )
+        functions = tuple(name for name, entry in CREDIT_METHODS.items() if entry.trainer is None)
+        if self.baseline not in functions:
+            own = CREDIT_METHODS.get(self.baseline)
+            fix = f"use {own.config.__name__} and {own.trainer.__name__}" if own else (
+                "register yours with taspo_trl.credit.registry.register_credit")
+            raise ValueError(f"baseline must be one of {functions} ({fix}), got {self.baseline!r}.")
         method = self.credit_method
         self.pi_source = self.pi_source or method.pi_source
         self._resolve_teacher_schedule(method)

@@ -40,6 +40,7 @@ from taspo_trl.credit.distillation import (
 )
 from taspo_trl.credit.grpo import grpo_outcome_advantages
 from taspo_trl.credit.registry import CREDIT_METHODS, get_credit, register_credit
+import taspo_trl.trainers  # noqa: F401  (registers the trainers' own methods: GRPO, TASPO, AlignOPSD)
 
 PROPS = settings(max_examples=60, deadline=None)
 F64 = torch.float64
@@ -570,6 +571,11 @@ def test_registry_holds_the_comparison_methods_and_each_is_reachable_from_a_conf
     assert set(method_names()) == {"grpo", "taspo", "alignopsd", *CREDIT_METHODS}  # what `method:` takes
     assert all(method_classes(name)[0] is BaselineConfig for name in comparison)
     for name, method in CREDIT_METHODS.items():
+        if method.trainer is not None:  # a trainer of its own: BaselineConfig refuses it, naming that trainer
+            with pytest.raises(ValueError, match=f"use {method.config.__name__} and {method.trainer.__name__}"):
+                BaselineConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", baseline=name)
+            assert method_classes(name) == (method.config, method.trainer)
+            continue
         teacher = {"teacher_model_name_or_path": "x"} if method.teacher == "external" else {}
         config = BaselineConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", baseline=name, **teacher)
         assert config.credit_method is method
@@ -586,7 +592,7 @@ def test_registry_holds_the_comparison_methods_and_each_is_reachable_from_a_conf
 def test_registry_unknown_name_lists_known(name):
     if name.strip().lower() in CREDIT_METHODS:
         return
-    with pytest.raises(ValueError, match="known: gigpo, grpo_opsd, opd, opid, opsd, rlsd, sdar, skill_grpo"):
+    with pytest.raises(ValueError, match="known: alignopsd, gigpo, grpo, grpo_opsd, opd, opid, opsd, rlsd, sdar, skill_grpo, skill_sd, stepopsd, taspo"):
         get_credit(name)
 
 

@@ -26,6 +26,7 @@ from taspo_trl.credit.registry import (
     TeacherGaps,
     get_credit,
     register_credit,
+    register_method,
 )
 
 BUILT_INS = ("gigpo", "grpo_opsd", "opd", "opid", "opsd", "rlsd", "sdar", "skill_grpo", "skill_sd", "stepopsd")
@@ -137,6 +138,44 @@ def test_a_taken_name_is_refused_and_keeps_its_method(registry: Registry) -> Non
     )):
         register_credit("Adapter_Test", second_method)
     assert registry["adapter_test"].fn is first_method
+
+
+def test_the_trainers_own_methods_share_the_registry_with_their_classes(registry: Registry) -> None:
+    """GRPO, TASPO and AlignOPSD are entries of the same table as the credit functions: no function, their config
+    and trainer classes, and ``method_classes`` resolves every name through it (a credit function to
+    ``BaselineConfig``/``BaselineTrainer``)."""
+    from taspo_trl.trainers import (AgentGRPOConfig, AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer,
+                                    BaselineConfig, BaselineTrainer, TASPOConfig, TASPOTrainer, method_classes,
+                                    method_names)
+
+    own = {"grpo": (AgentGRPOConfig, AgentGRPOTrainer), "taspo": (TASPOConfig, TASPOTrainer),
+           "alignopsd": (AlignOPSDConfig, AlignOPSDTrainer)}
+    for name, classes in own.items():
+        assert registry[name].fn is None and (registry[name].config, registry[name].trainer) == classes
+        assert method_classes(name) == classes
+    assert method_names()[:3] == ["grpo", "taspo", "alignopsd"] and set(method_names()) == set(registry)
+    assert all(method_classes(name) == (BaselineConfig, BaselineTrainer) for name in BUILT_INS)
+
+
+def test_register_method_keeps_a_taken_name(registry: Registry) -> None:
+    """A trainer registered again under its name is a no-op; another trainer, or a credit function, under a taken
+    name is refused naming what holds it; a user's trainer registers with its classes and settings."""
+    from taspo_trl.trainers import TASPOConfig, TASPOTrainer, method_classes
+
+    entry = registry["taspo"]
+    register_method("TASPO", config=TASPOConfig, trainer=TASPOTrainer, title="TASPO", summary=entry.summary)
+    assert registry["taspo"] == entry
+    with pytest.raises(ValueError, match=exactly(
+        "credit method 'taspo' is already registered (TASPOTrainer); pick another name."
+    )):
+        register_method("taspo", config=TASPOConfig, trainer=SimpleNamespace)
+    with pytest.raises(ValueError, match=r"credit method 'taspo' is already registered \(TASPOTrainer\)"):
+        register_credit("taspo", first_method)
+    register_method(" Mine_Trainer ", config=TASPOConfig, trainer=TASPOTrainer, title="Mine", summary="a test")
+    assert (registry["mine_trainer"].title, registry["mine_trainer"].summary) == ("Mine", "a test")
+    assert method_classes("mine_trainer") == (TASPOConfig, TASPOTrainer)
+    with pytest.raises(ValueError, match=exactly("register_method needs a non-empty name.")):
+        register_method(" ", config=TASPOConfig, trainer=TASPOTrainer)
 
 
 @pytest.mark.parametrize("name", ["", "   "])
