@@ -107,6 +107,7 @@ from taspo_trl.precision import choose_precision
 from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.rollout.loop import run_agent_loop
 from taspo_trl.rollout.records import Trajectory
+from taspo_trl.credit.turns import TurnCredit
 from taspo_trl.testing import PlannedGenerator, noisy_oracle_plan, walkthrough_plans
 from taspo_trl.trainers import BaselineTrainer, method_classes, method_names, method_settings
 from taspo_trl.warmstart import FRESH_GAMES_SEED, resolve_policy_path, trained_history_window
@@ -271,7 +272,7 @@ def _shared_teacher_scores(trainer: BaselineTrainer, memo: dict) -> None:
 def _method_credit(
     method: str, model: str, dataset: Dataset, seen: dict[str, Any], out_dir: Path, args: argparse.Namespace,
     seed: int, memo: dict,
-) -> list[list[float | list[float]]]:
+) -> TurnCredit:
     """``method``'s per-turn advantages on the played batch, from a trainer of its own on the same weights."""
     _, trainer_class = method_classes(method)
     trainer = trainer_class(model=model, args=_config(method, out_dir, args, seed), train_dataset=dataset)

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .turns import TurnCredit, TurnValue
 
-def action_weights(turn_advantages: Sequence[float | Sequence[float]], outcome_advantage: float) -> list[float] | None:
+
+def action_weights(turn_advantages: Sequence[TurnValue], outcome_advantage: float) -> list[float] | None:
     """One weight per turn: the turn's advantage divided by the trajectory's outcome advantage A_i.
 
     A turn whose advantage is given per response token counts with the mean over its tokens, which is what Eq. 7's
@@ -25,7 +27,7 @@ def action_weights(turn_advantages: Sequence[float | Sequence[float]], outcome_a
     """
     if outcome_advantage == 0.0:
         return None
-    means = [sum(a) / len(a) if isinstance(a, Sequence) else float(a) for a in turn_advantages]
+    means = TurnCredit([turn_advantages]).turn_means()[0]
     return [m / outcome_advantage for m in means]
 
 

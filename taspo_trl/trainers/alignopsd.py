@@ -57,6 +57,7 @@ from ..credit.alignopsd import (
 )
 from ..credit.distillation import gradient_equivalent_advantages, sdar_loss
 from ..credit.grpo import grpo_outcome_advantages
+from ..credit.turns import TurnCredit, TurnValue, add_to_tokens
 from ..privileged.alignment import (
     GroupCorrespondence,
     cross_view_requests,
@@ -256,7 +257,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         self.encoder = encoder or get_encoder(self.args.encoder_path)
         self.skill_bank = skill_bank or SkillBank.load(self.args.skill_bank, encoder=self.encoder)
 
-    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
+    def turn_advantages(self, step: StepView) -> TurnCredit:
         """A_i w_it (+ the invalid-action residual) of every turn, per token in ablation B: the module
         docstring's steps 1-7. ``last_step`` keeps the weights, spans and skills."""
         args = self.args
@@ -310,7 +311,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         rescoring_seconds = time.perf_counter() - started
 
         seeds = _trajectory_order(everything)
-        weights, spans = [], []
+        weights, spans = TurnCredit(), []
         for i, trajectory in enumerate(trajectories):
             if i in corrected:
                 c = correspondences[trajectory.group]
@@ -327,17 +328,14 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         self.last_step.skill_texts = skills[first : first + local]
         self._log_weight_range(weights, self.metrics_mode)
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
-        advantages = [
-            [_advantage(float(outcome[first + i]), w, r) for w, r in zip(weights[i], residuals[i])]
-            for i in range(local)
-        ]
+        advantages = weights.scaled([float(outcome[first + i]) for i in range(local)], residuals)
         if args.sdar_aux:
             self._add_sdar_auxiliary(advantages, diagonal_gaps, plain_turns)
         return advantages
 
     def _add_sdar_auxiliary(
         self,
-        advantages: list[list[float | list[float]]],
+        advantages: TurnCredit,
         diagonal_gaps: dict[tuple[int, int], torch.Tensor],
         plain_turns: dict[tuple[int, int], torch.Tensor],
     ) -> None:
@@ -355,8 +353,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 sdar_loss, student[None], (gap.double() + student)[None], torch.ones(1, gap.numel()),
                 coef=args.sdar_aux_coef, beta=args.sdar_aux_gate_beta,
             )[0].tolist()
-            base = advantages[i][t]
-            advantages[i][t] = [b + x for b, x in zip(base, term)] if isinstance(base, list) else [base + x for x in term]
+            add_to_tokens(advantages, i, t, term)
             added += term
         metrics = self._metrics[self.metrics_mode]
         metrics["alignopsd/sdar_aux_mean"].append(sum(added) / max(len(added), 1))
@@ -513,7 +510,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         index: int,
         threshold: float,
         seed: int = 0,
-    ) -> tuple[list[float | list[float]], list[tuple[int, int]]]:
+    ) -> tuple[list[TurnValue], list[tuple[int, int]]]:
         """Mechanism 2 for one trajectory: its weights (per turn; per token in ablation B) and spans; ``seed``:
         ablation D's random-span seed. Turns without a scored policy token keep weight 1 and stay out of the
         budgets (the official code has none)."""
@@ -521,7 +518,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         n_turns = trajectory.num_turns
         sign = 1.0 if advantage > 0 else -1.0
         live = [t for t in range(n_turns) if gaps[t] is not None and gaps[t].numel() > 0 and bool(torch.isfinite(gaps[t]).all())]
-        weights: list[float | list[float]] = [1.0] * n_turns
+        weights: list[TurnValue] = [1.0] * n_turns
         box = dict(upper=args.density_upper_bound, weighting=args.weighting_mode, band=args.multiplier_band)
         if args.ablation == "B":
             flat = torch.cat([sign * gaps[t] for t in live]) if live else torch.zeros(0, dtype=torch.float64)
@@ -620,9 +617,3 @@ def _trajectory_order(everything: list[Trajectory]) -> list[int]:
         rank[j] = position
     return rank
 
-
-def _advantage(advantage: float, weight: float | list[float], residual: float) -> float | list[float]:
-    """A_i w_it + r_it (the residual is per turn, the same on every token of it)."""
-    if isinstance(weight, list):
-        return [advantage * w + residual for w in weight]
-    return advantage * weight + residual

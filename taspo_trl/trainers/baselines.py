@@ -29,6 +29,7 @@ from trl.trainer.utils import use_adapter
 from ..credit.baselines import GIGPO_NORMS
 from ..credit.distillation import teacher_version
 from ..credit.registry import CREDIT_METHODS, CreditMethod, OutcomeBatch, TeacherGaps, get_credit
+from ..credit.turns import TurnCredit
 from ..privileged.builder import ANALYZER_SOURCES
 from ..privileged.context import (
     PRIVILEGED_DICT_FIELDS,
@@ -398,7 +399,7 @@ class BaselineTrainer(AgentGRPOTrainer):
 
     # ---- credit --------------------------------------------------------------------------------------------
 
-    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
+    def turn_advantages(self, step: StepView) -> TurnCredit:
         """The per-turn advantages of the credit method `baseline` names (``credit.registry``)."""
         method = self.args.credit_method
         if method.teacher is None:
@@ -411,7 +412,7 @@ class BaselineTrainer(AgentGRPOTrainer):
                 metrics[name].append(value)
         return out
 
-    def _outcome_credit(self, method: CreditMethod, step: StepView) -> list[list[float | list[float]]]:
+    def _outcome_credit(self, method: CreditMethod, step: StepView) -> TurnCredit:
         """A teacher-free method on the batch of all processes (GiGPO's anchor-state groups span a task group's
         siblings, which may sit on other processes); this process keeps its own trajectories' share."""
         everything = step.batch_trajectories()
@@ -422,7 +423,7 @@ class BaselineTrainer(AgentGRPOTrainer):
             groups=[t.group for t in everything],
         )
         credit = method.fn(outcome, self.args, self.state.global_step)
-        return [list(credit[step.first + i]) for i in range(len(step.trajectories))]
+        return TurnCredit(credit[step.first + i] for i in range(len(step.trajectories)))
 
     def _guidance(self, trajectories: list[Trajectory], method: CreditMethod) -> Guidance:
         """The teacher's privileged context: none for an external teacher (it reads the plain prompt)."""
@@ -449,7 +450,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         """The teacher's privileged context of this process's trajectories (identical on every process)."""
         return self._guidance(trajectories, self.args.credit_method).texts
 
-    def _teacher_credit(self, method: CreditMethod, step: StepView) -> list[list[float | list[float]]]:
+    def _teacher_credit(self, method: CreditMethod, step: StepView) -> TurnCredit:
         """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
         trajectories, advantages = step.trajectories, step.advantages
         metrics = self._metrics[self.metrics_mode]
@@ -476,7 +477,7 @@ class BaselineTrainer(AgentGRPOTrainer):
             turns = sum(t.num_turns for t in trajectories)
             metrics["baseline/opid_step_skill_turns"].append(len(step_gaps) / max(turns, 1))
 
-        out: list[list[float | list[float]]] = []
+        out = TurnCredit()
         for i, trajectory in enumerate(trajectories):
             turn_gaps = [gaps.get((i, t)) for t in range(trajectory.num_turns)]
             turn_step_gaps = [step_gaps.get((i, t)) for t in range(trajectory.num_turns)]

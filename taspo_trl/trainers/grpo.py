@@ -40,6 +40,7 @@ from trl.trainer.utils import pad, use_adapter
 from ..checkpoints import CheckpointSaving
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.normalization import turn_balanced_token_weights
+from ..credit.turns import TurnCredit
 from ..envs import EnvFactory, PromptTemplate, check_task_rows, get_env_factory, task_spec_from_row
 from ..envs.trl_style import (
     TOOL_CALL_TAG,
@@ -387,23 +388,23 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
     # ---- the credit hook -------------------------------------------------------------------------------
 
-    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
+    def turn_weights(self, step: StepView) -> TurnCredit:
         """Per-turn advantage weights w_it of each of ``step.trajectories`` (GRPO: 1 for every turn). Subclasses
         implement their method here.
 
         ``step`` is this process's share of the step (``StepView``): trajectories, outcome advantages, training
         rows and their tensors (incl. ``sampling_per_token_logps`` and, when TRL computed them,
         ``old_per_token_logps``). An entry may be a list with one weight per response token (token-level
-        allocation ablations).
+        allocation ablations); plain nested lists are accepted too.
         """
-        return [[1.0] * t.num_turns for t in step.trajectories]
+        return TurnCredit.uniform(t.num_turns for t in step.trajectories)
 
-    def turn_advantages(self, step: StepView) -> list[list[float | list[float]]]:
+    def turn_advantages(self, step: StepView) -> TurnCredit:
         """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
         :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
-        weights = self.turn_weights(step)
+        weights = TurnCredit(self.turn_weights(step))
         self._log_weight_range(weights, self.metrics_mode)
-        return [[_scale(w, float(step.advantages[i])) for w in weights[i]] for i in range(len(step.trajectories))]
+        return weights.scaled(step.advantages.tolist())
 
     # ---- one step ----------------------------------------------------------------------------------------
 
@@ -685,7 +686,10 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
         step = StepView(trajectories, advantages, rows, batch, rewards, first=first,
                         batch_advantages=all_advantages.cpu(), gather=gather_object if multi_process else None)
-        per_turn_advantage = self.turn_advantages(step)
+        per_turn_advantage = TurnCredit(self.turn_advantages(step))
+        if [len(turns) for turns in per_turn_advantage] != [t.num_turns for t in trajectories]:
+            raise ValueError(f"{type(self).__name__}.turn_advantages must give each trajectory one value per turn "
+                             f"({[t.num_turns for t in trajectories]} turns), got {[len(a) for a in per_turn_advantage]}.")
         if args.turn_balanced_loss:
             balance = rows.spread([turn_balanced_token_weights(_turn_lengths(t)) for t in trajectories])
         else:
@@ -705,14 +709,14 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
     def _log_turn_table(
         self,
         trajectories: list[Trajectory],
-        per_turn_advantage: list[list[float | list[float]]],
+        per_turn_advantage: TurnCredit,
         rewards_per_func: torch.Tensor,
         all_advantages: torch.Tensor,
     ) -> None:
         """TRL's completions table (`log_completions`, shown in the console and sent to wandb/trackio) with one
         row per trajectory: the task, the transcript, the outcome advantage and each turn's mean advantage; and,
         with `log_turns`, one JSON line per turn in `<output_dir>/turns.jsonl` for inspection."""
-        turn_means = [[sum(a) / max(len(a), 1) if isinstance(a, list) else a for a in turns] for turns in per_turn_advantage]
+        turn_means = per_turn_advantage.turn_means()
         local = [
             (
                 traj.task,
@@ -834,8 +838,8 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
             )
         return logps
 
-    def _log_weight_range(self, weights: list[list[float | list[float]]], mode: str) -> None:
-        flat = [w for traj in weights for turn in traj for w in (turn if isinstance(turn, list) else [turn])]
+    def _log_weight_range(self, weights: TurnCredit, mode: str) -> None:
+        flat = weights.flat()
         if flat:
             self._metrics[mode]["credit/weight_min"].append(min(flat))
             self._metrics[mode]["credit/weight_max"].append(max(flat))
@@ -993,12 +997,6 @@ def _pad_right(values: list[list[float]] | list[list[int]], fill: float, device:
 
 def _turn_lengths(trajectory: Trajectory) -> list[int]:
     return [len(turn.response_ids) for turn in trajectory.turns]
-
-
-def _scale(weight: float | list[float], advantage: float) -> float | list[float]:
-    if isinstance(weight, list):
-        return [advantage * w for w in weight]
-    return advantage * weight
 
 
 def _nanstd(values: torch.Tensor) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..credit.turns import TurnCredit
 from ..rollout.layouts import Rows
 from ..rollout.records import Trajectory
 
@@ -76,7 +77,7 @@ class LastStep:
 
     trajectories: list[Trajectory] = field(default_factory=list)
     privileged_info: list[str] = field(default_factory=list)
-    weights: list[list[float | list[float]]] = field(default_factory=list)
+    weights: TurnCredit = field(default_factory=TurnCredit)
     spans: list[list[tuple[int, int]]] = field(default_factory=list)
     skill_texts: list[str] = field(default_factory=list)
     step_skills: list[dict[int, str]] = field(default_factory=list)

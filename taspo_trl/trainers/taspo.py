@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..credit.taspo import clipped_action_score, taspo_fallback_reason, taspo_token_weights, taspo_weights
+from ..credit.turns import TurnCredit, TurnValue
 from ..privileged.builder import ANALYZER_SOURCES
 from ..privileged.context import (
     PRIVILEGED_DICT_FIELDS,
@@ -97,7 +98,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         self.analyzer = analyzer
         self.skill_lookup = skill_lookup if skill_lookup is not None else configured_skill_lookup(self.args)
 
-    def turn_weights(self, step: StepView) -> list[list[float | list[float]]]:
+    def turn_weights(self, step: StepView) -> TurnCredit:
         """TASPO's weight of each turn: Eq. 4-6 on the privileged shifts of its action, or 1 (the A.3 fallbacks).
         ``last_step`` keeps the PI and the weights."""
         args = self.args
@@ -112,7 +113,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         shifts, _ = self._privileged_shifts(step, usable)
         metrics["taspo/rescoring_seconds"].append(time.perf_counter() - started)
 
-        weights: list[list[float | list[float]]] = []
+        weights = TurnCredit()
         reasons: Counter = Counter()
         scorable = total_turns = 0
         abs_scores = []
@@ -139,7 +140,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         metrics["taspo/scorable_turn_fraction"].append(scorable / max(total_turns, 1))
         if abs_scores:
             metrics["taspo/mean_abs_score"].append(sum(abs_scores) / len(abs_scores))
-        flat = torch.tensor([v for traj in weights for turn in traj for v in (turn if isinstance(turn, list) else [turn])])
+        flat = torch.tensor(weights.flat())
         if flat.numel():
             metrics["taspo/weight_mean"].append(flat.mean().item())
             metrics["taspo/weight_std"].append(flat.std().item() if flat.numel() > 1 else 0.0)
@@ -147,11 +148,11 @@ class TASPOTrainer(AgentGRPOTrainer):
 
     def _token_weights(
         self, trajectory: Trajectory, per_turn: list[torch.Tensor | None], advantage: float, has_pi: bool
-    ) -> list[float | list[float]]:
+    ) -> list[TurnValue]:
         """Table 4's token-level unit: action tokens get their own weights, the turn's other tokens 1."""
         args = self.args
         span_weights = taspo_token_weights(per_turn, advantage, args.c_delta, args.tau, args.eps_w, args.kappa, has_pi=has_pi)
-        out: list[float | list[float]] = []
+        out: list[TurnValue] = []
         for turn, w in zip(trajectory.turns, span_weights):
             start, end = turn.action_span
             if w.numel() == 0:
