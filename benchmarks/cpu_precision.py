@@ -24,7 +24,8 @@ from contextlib import nullcontext
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from taspo_trl.models import EMBEDDED_MODEL, prepare_tokenizer, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL, prepare_tokenizer
+from taspo_trl.warmstart import resolve_policy_path
 from taspo_trl.precision import cpu_computes_bf16
 from taspo_trl.rollout.generation import TransformersGenerator
 
@@ -58,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    path = resolve_model_path(args.model)
+    path = resolve_policy_path(args.model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     vocab = model.config.vocab_size

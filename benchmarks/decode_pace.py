@@ -35,7 +35,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import taspo_trl.rollout.decode_step as decode_step
 import taspo_trl.rollout.generation as generation
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL
+from taspo_trl.warmstart import resolve_policy_path
 from taspo_trl.precision import Precision, choose_precision
 from taspo_trl.provenance import provenance, source_commit
 
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     commit = source_commit(__file__)
     precision = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
-    path = resolve_model_path(args.model)
+    path = resolve_policy_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     result = {"settings": {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,

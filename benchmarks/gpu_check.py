@@ -261,10 +261,10 @@ def export_assets(folder: Path) -> None:
     """
     from transformers import AutoTokenizer
 
-    from taspo_trl.models import resolve_model_path
+    from taspo_trl.warmstart import resolve_policy_path
     from taspo_trl.privileged.encoder import default_model_path
 
-    AutoTokenizer.from_pretrained(resolve_model_path("embedded")).save_pretrained(folder / "tokenizer")
+    AutoTokenizer.from_pretrained(resolve_policy_path("embedded")).save_pretrained(folder / "tokenizer")
     # The weights, model card, git attributes and training-data list are not needed to describe the model.
     shutil.copytree(default_model_path(), folder / "encoder", ignore=shutil.ignore_patterns(
         "*.safetensors", "*.bin", "onnx", "openvino", "README.md", ".gitattributes", "data_config.json"))
@@ -393,7 +393,7 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_mode
     to ``out`` and return it."""
     import torch
 
-    from taspo_trl.models import resolve_model_path
+    from taspo_trl.warmstart import resolve_policy_path
     from taspo_trl.provenance import package_versions, provenance
     from taspo_trl.testing import make_tiny_model_dir
 
@@ -408,7 +408,7 @@ def run_check(out: Path, dry_run: bool, steps: int, assets: Path, deepspeed_mode
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if dry_run:
-            tokenizer, encoder_dir, shape = resolve_model_path("embedded"), None, TINY
+            tokenizer, encoder_dir, shape = resolve_policy_path("embedded"), None, TINY
             # No DeepSpeed on a CPU: a second plain process stands in for it, so the comparison runs too.
             plan = [("plain", "plain"), ("repeat", "plain")]
         else:

@@ -2,7 +2,7 @@
 # Mutation score of the credit path, one module at a time, with mutmut (pip install mutmut; 3.x).
 #
 #   benchmarks/mutation.sh MODULE [TEST_FILE ...]
-#   e.g. benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/credit/test_taspo.py
+#   e.g. LABEL=before benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/credit/test_taspo.py
 #   LABEL=after SURVIVORS_OF=benchmarks/results/mutation_taspo_before.json \
 #       benchmarks/mutation.sh taspo_trl/credit/taspo.py tests/credit/test_taspo.py
 #
@@ -17,6 +17,8 @@
 # can run one after another or on different machines. It prints the summary and writes
 # benchmarks/results/mutation_<module>[_<LABEL>].json: the counts, the score (killed and timed-out over killed,
 # timed-out and survived), and each survivor's changed lines (`mutmut show`).
+# That file is a working file: benchmarks/results/mutation.md is the committed record (each module's score and
+# every equivalent survivor with its reason), updated by hand from a run.
 set -euo pipefail
 module=${1:?usage: benchmarks/mutation.sh MODULE [TEST_FILE ...]}
 shift

@@ -30,7 +30,8 @@ from taspo_trl.envs import get_env_factory
 from taspo_trl.envs.base import task_spec_from_row
 from taspo_trl.envs.search import search_task_rows
 from taspo_trl.envs.webshop import webshop_task_rows
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL
+from taspo_trl.warmstart import resolve_policy_path
 from taspo_trl.privileged import RuleBasedAnalyzer, build_batch_pi
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model_dir(tmp, tokenizer_source=resolve_model_path(EMBEDDED_MODEL))
+        model_dir = make_tiny_model_dir(tmp, tokenizer_source=resolve_policy_path(EMBEDDED_MODEL))
         trajectories = rollouts(args.env, args.tasks, args.siblings, args.epsilon, args.seed, model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     started = time.perf_counter()

@@ -507,7 +507,7 @@ ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the previous warm start, sampled siblings
-CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_xeon.json"  # the same, on another CPU
+CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the same, played again on another CPU
 WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
@@ -537,7 +537,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
     ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
-    ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check_h200.json",),
+    ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check.json",),
      gpu_check),
 ]
 """Title, the result files it is rendered from, and the function that renders them (one argument per file)."""

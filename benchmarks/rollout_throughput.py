@@ -17,7 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from taspo_trl.envs.alfworld import alfworld_env_factory, generate_games
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL
+from taspo_trl.warmstart import resolve_policy_path
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.env_pool import EnvPool
 from taspo_trl.rollout.generation import TransformersGenerator
@@ -48,7 +49,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    path = resolve_model_path(args.model)
+    path = resolve_policy_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     chat = ChatFormat(tokenizer)

@@ -27,7 +27,8 @@ from datasets import Dataset
 
 import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+from taspo_trl.models import EMBEDDED_MODEL
+from taspo_trl.warmstart import resolve_policy_path
 from taspo_trl.precision import choose_precision
 from taspo_trl.provenance import provenance, source_commit
 from taspo_trl.testing import PlannedGenerator
@@ -107,7 +108,7 @@ def main() -> None:
     parser.add_argument("--out", help="default: benchmarks/results/step_time_<bf16|float32>.json")
     args = parser.parse_args()
 
-    model = resolve_model_path(args.model)
+    model = resolve_policy_path(args.model)
     chosen = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
     bf16 = chosen.bf16
     if args.only:

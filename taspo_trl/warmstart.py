@@ -41,7 +41,7 @@ from .models import (
     merge_adapter,
     merged_adapter_model,
     owned_temporary_dir,
-    resolve_model_path,
+    resolve_embedded,
 )
 from .precision import Precision, choose_precision
 from .provenance import package_versions
@@ -243,15 +243,23 @@ def trained_history_window(model_dir: str) -> int:
 
 
 def resolve_policy_path(name_or_path: str, bf16: bool | None = None) -> str:
-    """Like ``taspo_trl.models.resolve_model_path``, and also for the warm starts of ``WARM_STARTS`` (installed from
-    the package, or built, when missing or out of date; ``bf16`` is the build's precision, ``None``: the
-    hardware's) and for LoRA adapter folders (``taspo_trl.models.merged_adapter_model``). The CLI, ``taspo-eval``, the agent
-    trainers and the benchmarks resolve policy names through it."""
+    """A path or hub id that ``from_pretrained`` loads, for every model name the package takes: the package's one
+    resolver of model names. The CLI, ``taspo-eval``, the trainers, the benchmarks and the tests resolve through it.
+
+    - a warm start of ``WARM_STARTS`` (``embedded:smollm2-135m-alfworld``): its model directory, installed from the
+      package or built when missing or out of date (``resolve_warm_start``; ``bf16`` is the build's precision,
+      ``None``: the hardware's);
+    - a LoRA adapter folder (a LoRA run's output): its base model with the adapter merged in, made once in the cache
+      (``taspo_trl.models.merged_adapter_model``);
+    - the embedded policy (``embedded``, ``embedded:smollm2-135m-instruct``): its converted model directory
+      (``taspo_trl.models.resolve_embedded``);
+    - anything else (a hub id, a local path): unchanged.
+    """
     if is_warm_start(name_or_path):
         return resolve_warm_start(name_or_path, bf16)
     if is_adapter_folder(name_or_path):
         return merged_adapter_model(name_or_path)
-    return resolve_model_path(name_or_path)
+    return resolve_embedded(name_or_path)
 
 
 def resolve_warm_start(name: str, bf16: bool | None = None) -> str:
@@ -379,7 +387,7 @@ def train_warm_start(
     from .models import prepare_tokenizer
     from .trainers.sft import AgentSFTConfig, AgentSFTTrainer, relabelled_sft_dataset
 
-    base = resolve_model_path(spec.base_model)
+    base = resolve_policy_path(spec.base_model)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(base))
     tokenizer.padding_side = "right"  # training pads on the right; generation sets its own side
     settings = _sft_settings(spec, out_dir.parent / "sft", bf16)
@@ -478,7 +486,7 @@ def data_sha256(spec: WarmStart) -> str:
     from .models import prepare_tokenizer
     from .trainers.sft import AgentSFTConfig
 
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path(spec.base_model)))
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(resolve_policy_path(spec.base_model)))
     with tempfile.TemporaryDirectory(prefix="taspo-warm-start-data-") as work:
         config = AgentSFTConfig(**_sft_settings(spec, Path(work) / "sft", bf16=False),
                                 num_train_epochs=spec.num_train_epochs, learning_rate=spec.learning_rate)
@@ -529,7 +537,7 @@ def _keep_to_rank(model: Any, spec: WarmStart, heal: Any | None, dataset: Any, t
 
     from .trainers.sft import AgentSFTTrainer
 
-    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(spec.base_model), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(resolve_policy_path(spec.base_model), dtype=torch.float32)
     model = low_rank_update_adapter(base, model, spec.delta_rank)
     if heal is None:
         return model

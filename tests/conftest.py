@@ -18,14 +18,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path  # noqa: E402
+from taspo_trl.models import EMBEDDED_MODEL  # noqa: E402
 from taspo_trl.testing import make_tiny_model_dir  # noqa: E402
+from taspo_trl.warmstart import resolve_policy_path  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def embedded_model_path() -> str:
     """Local directory of the converted embedded policy (SmolLM2-135M-Instruct)."""
-    return resolve_model_path(EMBEDDED_MODEL)
+    return resolve_policy_path(EMBEDDED_MODEL)
 
 
 @pytest.fixture(scope="session")

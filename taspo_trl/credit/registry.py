@@ -17,8 +17,8 @@ Two kinds of entry share it:
 
 ``args`` is the trainer's config and ``step`` the optimizer step. ``register_credit`` adds a method, yours
 included; docs/credit-methods.md ("Your own credit method") shows one registered and run from a recipe. The built-in entries
-at the bottom are the comparison methods of the README; OPSD's generalised-JSD variant is not built
-(docs/methods.md).
+at the bottom are the comparison methods of docs/credit-methods.md ("Comparison methods"); OPSD's generalised-JSD
+variant is not built (docs/methods.md).
 """
 
 from __future__ import annotations

@@ -305,9 +305,9 @@ class BaselineTrainer(AgentGRPOTrainer):
         from trl.models import prepare_deepspeed
         from trl.trainer.utils import add_fused_lm_head
 
-        from ..models import resolve_model_path
+        from ..warmstart import resolve_policy_path
 
-        path = resolve_model_path(name_or_path)
+        path = resolve_policy_path(name_or_path)
         if self.args.credit_method.teacher == "external" and AutoTokenizer.from_pretrained(path).get_vocab() != self._tokenizer.get_vocab():
             raise ValueError(
                 f"OPD's teacher {name_or_path!r} has a different tokenizer from the policy; the sampled-token "

@@ -464,7 +464,7 @@ def test_invalid_action_residual():
 
 # --------------------------------------------------------------------------------------------------------------
 # Tests written against the mutants of ``taspo_trl/credit/alignopsd.py`` that survived the parity tests above
-# (``benchmarks/mutation.sh``; the scores and the equivalent mutants are in benchmarks/results/mutation_alignopsd.md).
+# (``benchmarks/mutation.sh``; the scores and the equivalent mutants are in benchmarks/results/mutation.md).
 #
 # Expected values come from hand calculations of the official formulas (the arithmetic is in each docstring), from the
 # official configuration (``verl/trainer/config/beyond_timestamps_trainer.yaml`` of ``mingju-c/Align-OPSD``) for the
@@ -826,7 +826,7 @@ def test_invalid_action_residual_is_exactly_zero_without_penalty():
 # --------------------------------------------------------------------------------------------------------------
 # Tests written against the surviving mutants of the profile, span and weight stages of
 # ``taspo_trl/credit/alignopsd.py`` (``benchmarks/mutation.sh``; the mutants left and why they are equivalent are in
-# benchmarks/results/mutation_alignopsd_equivalent_s.md).
+# benchmarks/results/mutation.md).
 #
 # Every expected value is a hand calculation of the official formula (the arithmetic is in the docstring) or a
 # property of the method: the box bounds, the token budget sum_t n_t w_t = N, valid partitions into spans of

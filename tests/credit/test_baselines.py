@@ -648,8 +648,7 @@ def test_gigpo_groups_tensor_group_ids_by_value():
 
 # --------------------------------------------------------------------------------------------------------------
 # Tests written against the mutants of ``taspo_trl.credit.baselines`` that survived the tests above
-# (benchmarks/mutation.sh; the survivors are in benchmarks/results/mutation_baselines_before.json, the equivalent ones
-# in benchmarks/results/mutation_baselines_equivalent.md).
+# (benchmarks/mutation.sh; the score and the equivalent survivors are in benchmarks/results/mutation.md).
 #
 # They pin down what a caller relies on: the documented defaults (each test says where its default comes from), the
 # closed ends of the documented ranges, the floating dtype of the output, which tokens a statistic is taken over, that
@@ -946,7 +945,7 @@ def test_stepopsd_temperature_sets_the_budget(temperature: float, expected: list
 # --------------------------------------------------------------------------------------------------------------
 # Behaviour of ``taspo_trl.credit.distillation`` that its unit tests above left open (found with
 # ``benchmarks/mutation.sh``; the equivalent survivors are in
-# ``benchmarks/results/mutation_distillation_equivalent.md``): the defaults the papers' launchers fix, the shape and
+# ``benchmarks/results/mutation.md``): the defaults the papers' launchers fix, the shape and
 # ``clip`` errors a user sees, the [-20, 20] clamp of the importance log-ratio, the dtype of the losses when the
 # teacher's log-probs come in another precision, and a loss term that does not depend on the student.
 #

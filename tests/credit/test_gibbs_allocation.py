@@ -237,9 +237,8 @@ def test_worked_example_allocation_step_by_step():
 
 # --------------------------------------------------------------------------------------------------------------
 # Tests written against the mutants of ``taspo_trl.credit.gibbs_allocation`` that survived the tests above and
-# ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the survivors are in
-# benchmarks/results/mutation_gibbs_allocation_before.json, the equivalent ones in
-# benchmarks/results/mutation_gibbs_allocation_equivalent.md).
+# ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the score and the equivalent survivors are in
+# benchmarks/results/mutation.md).
 #
 # They pin down what a caller relies on: token counts and masks given as integer tensors (as a tokenizer's attention
 # mask comes), turns and spans without optimised tokens staying out of the credit measure, the exact token mass for

