@@ -1,4 +1,4 @@
-"""The bounded Gibbs allocation of ``taspo_trl.credit.gibbs_allocation`` (StepOPSD's per-step budget): property
+"""The bounded Gibbs allocation of ``taspo_trl.credit.stepopsd`` (StepOPSD's per-step budget): property
 tests of the bounds, the exact token-mean identity, sign preservation and monotonicity, plus a hand-computed
 worked example."""
 
@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from taspo_trl.credit.gibbs_allocation import (
+from taspo_trl.credit.stepopsd import (
     gibbs_weights,
     bounded_normalize,
     hierarchical_weights,
@@ -236,8 +236,8 @@ def test_worked_example_allocation_step_by_step():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Tests written against the mutants of ``taspo_trl.credit.gibbs_allocation`` that survived the tests above and
-# ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the survivors are in
+# Tests written against the mutants of ``taspo_trl.credit.stepopsd`` (then ``gibbs_allocation``) that survived the
+# tests above and ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the survivors are in
 # benchmarks/results/mutation_gibbs_allocation_before.json, the equivalent ones in
 # benchmarks/results/mutation_gibbs_allocation_equivalent.md).
 #
