@@ -1,8 +1,9 @@
 """Privileged information (PI): what a method's teacher sees and its student does not, for every method that uses it.
 
 - TASPO's P_i: the analyzer protocol (TASPO Section 3.2, Appendix A.2; ``protocol``), its backends
-  (``analyzers``), the per-group builder with the Table 2 PI-source ablations (``builder``) and the settings every
-  trainer that builds it shares (``context``); OPID's step skills come from the same analyzer.
+  (``analyzers``: the rule-based one reads with the rules each environment registers in ``taspo_trl.envs``), the
+  per-group builder with the Table 2 PI-source ablations (``builder``) and the settings every trainer that builds
+  it shares (``context``); OPID's step skills come from the same analyzer.
 - The paired rescoring of responses with and without a privileged context (``rescoring``), which the teachers of
   TASPO and the comparison methods share.
 - The skill bank and its frozen sentence encoder (``skillbank``, ``encoder``): AlignOPSD's p_x, TASPO's
@@ -19,7 +20,6 @@ from .analyzers import (
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
     TransformersAnalyzer,
-    parse_command,
     reasoning_request_fields,
 )
 from .builder import (
@@ -83,7 +83,6 @@ __all__ = [
     "exclude_target_only",
     "extraction_payload",
     "normalize_whitespace",
-    "parse_command",
     "parse_json_object",
     "reasoning_request_fields",
     "render_trajectory_steps",
