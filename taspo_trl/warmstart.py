@@ -51,9 +51,11 @@ _ADAPTER_FILE = "adapter_model.safetensors"
 _SHIPPED = Path(__file__).parent / "data" / "warm_starts"
 # Modules whose code decides the demonstrations (games, expert, prompts, privileged contexts) and so the weights.
 _DATA_MODULES = (
+    "envs/alfworld/analysis.py",
     "envs/alfworld/generator.py",
     "envs/alfworld/env.py",
     "envs/alfworld/expert.py",
+    "envs/analysis.py",
     "envs/base.py",
     "privileged/analyzers.py",
     "privileged/builder.py",

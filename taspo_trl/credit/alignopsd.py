@@ -49,7 +49,7 @@ from typing import Hashable, Sequence
 
 import torch
 
-from .gibbs_allocation import WEIGHT_DTYPE, TensorLike, _vec
+from .tensors import WEIGHT_DTYPE, TensorLike, as_vector
 
 __all__ = [
     "WEIGHT_DTYPE",
@@ -217,7 +217,7 @@ def source_log_weights(similarities: TensorLike, temperature: float = 0.1) -> to
     ``combine_cross_teacher_scores``, ``aggregation_temperature`` 0.10, which mixes the sources in log space).
     Finite for every source at any temperature: at 1e-5 a similarity 0.01 below the best gives log omega = -1000,
     where exp would underflow to 0. An empty input gives an empty tensor."""
-    s = _vec(similarities, "similarities")
+    s = as_vector(similarities, "similarities")
     if s.numel() == 0:
         return s.clone()
     return torch.log_softmax(s / _positive(temperature, "aggregation temperature"), dim=0)
@@ -233,7 +233,7 @@ def source_weights(similarities: TensorLike, temperature: float = 0.1) -> torch.
 def correspondence_confidence(similarities: TensorLike, weights: TensorLike, threshold: float = 0.7) -> float:
     """rho = sum_k omega_k clamp((s_k - tau) / (1 - tau), 0, 1), in [0, 1] (official ``combine_cross_teacher_scores``,
     ``correspondence_confidence``). 0.0 when nothing is kept."""
-    s, w = _vec(similarities, "similarities"), _vec(weights, "weights")
+    s, w = as_vector(similarities, "similarities"), as_vector(weights, "weights")
     if s.shape != w.shape:
         raise ValueError(f"similarities and weights differ in shape: {tuple(s.shape)} vs {tuple(w.shape)}")
     tau = _check_threshold(threshold)
@@ -267,12 +267,12 @@ def cross_teacher_logprobs(
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"aggregation mode must be one of {AGGREGATION_MODES}, got {mode!r}")
     scores = torch.as_tensor(source_logprobs, dtype=WEIGHT_DTYPE)
-    w = _vec(weights, "weights")
+    w = as_vector(weights, "weights")
     if scores.dim() != 2 or scores.shape[0] != w.numel() or w.numel() == 0:
         raise ValueError(f"source_logprobs must be [k, L] with k = {w.numel()} >= 1, got {tuple(scores.shape)}")
     if mode == "log_mean":
         return (w[:, None] * scores).sum(dim=0)
-    log_w = torch.log(w) if log_weights is None else _vec(log_weights, "log_weights")
+    log_w = torch.log(w) if log_weights is None else as_vector(log_weights, "log_weights")
     if log_w.shape != w.shape:
         raise ValueError(f"log_weights must have the shape of weights {tuple(w.shape)}, got {tuple(log_w.shape)}")
     return torch.logsumexp(log_w[:, None] + scores, dim=0)
@@ -291,7 +291,8 @@ def corrected_token_gap(
     recomputed on the plain context. With no source (``cross_logprobs`` None) or alpha = 0 the gap is the
     diagonal gap exactly.
     """
-    diagonal, student = _vec(diagonal_logprobs, "diagonal_logprobs"), _vec(student_logprobs, "student_logprobs")
+    diagonal = as_vector(diagonal_logprobs, "diagonal_logprobs")
+    student = as_vector(student_logprobs, "student_logprobs")
     if diagonal.shape != student.shape:
         raise ValueError(f"shape mismatch: {tuple(diagonal.shape)} vs {tuple(student.shape)}")
     alpha = float(alpha)
@@ -299,7 +300,7 @@ def corrected_token_gap(
         raise ValueError(f"alpha must be in [0, 1], got {alpha!r}")
     if cross_logprobs is None or alpha == 0.0:
         return diagonal - student
-    cross = _vec(cross_logprobs, "cross_logprobs")
+    cross = as_vector(cross_logprobs, "cross_logprobs")
     if cross.shape != diagonal.shape:
         raise ValueError(f"shape mismatch: {tuple(cross.shape)} vs {tuple(diagonal.shape)}")
     return (1.0 - alpha) * diagonal + alpha * cross - student
@@ -338,7 +339,7 @@ def dense_profiles(
 def normalized_jsd(left: TensorLike, right: TensorLike) -> float:
     """Jensen-Shannon divergence in bits, i.e. the natural-log JSD / ln 2, in [0, 1] (official
     ``normalized_js_divergence``). Both inputs are probability vectors."""
-    p, q = _vec(left, "left"), _vec(right, "right")
+    p, q = as_vector(left, "left"), as_vector(right, "right")
     if p.shape != q.shape:
         raise ValueError(f"shape mismatch: {tuple(p.shape)} vs {tuple(q.shape)}")
     mid = 0.5 * (p + q)
@@ -352,7 +353,7 @@ def normalized_jsd(left: TensorLike, right: TensorLike) -> float:
 
 def cosine_profile_distance(left: TensorLike, right: TensorLike) -> float:
     """1 - cos(p, q) of two probability profiles, in [0, 1] (official ``cosine_profile_distance``)."""
-    p, q = _vec(left, "left"), _vec(right, "right")
+    p, q = as_vector(left, "left"), as_vector(right, "right")
     if p.shape != q.shape:
         raise ValueError(f"shape mismatch: {tuple(p.shape)} vs {tuple(q.shape)}")
     cos = float(torch.nn.functional.cosine_similarity(p[None], q[None], dim=1)[0])
@@ -401,7 +402,7 @@ def segmentation_threshold(
 ) -> float:
     """The batch's boundary threshold: the ``quantile`` (linear interpolation, ``torch.quantile``) of the valid
     distances, clipped to [low, high]; +inf when no distance is valid (official ``adaptive_segmentation_threshold``)."""
-    d = _vec(distances, "distances")
+    d = as_vector(distances, "distances")
     keep = torch.as_tensor(valid, dtype=torch.bool)
     if not 0.0 <= float(quantile) <= 1.0 or not 0.0 <= float(low) <= float(high) <= 1.0:
         raise ValueError("need 0 <= quantile <= 1 and 0 <= low <= high <= 1")
@@ -440,7 +441,7 @@ def segment_trajectory(
     A trajectory shorter than ``min_turns`` is one span.
     """
     _check_segment_lengths(min_turns, max_turns)
-    d = _vec(distances, "distances")
+    d = as_vector(distances, "distances")
     ok = torch.as_tensor(boundary_valid, dtype=torch.bool)
     T = d.numel()
     if ok.shape != (T,):
@@ -491,7 +492,7 @@ def segment_trajectory(
 
 def turn_gap(gap: TensorLike, mask: torch.Tensor | Sequence[bool] | None = None) -> float:
     """The mean corrected gap over a turn's policy-loss tokens (official ``aggregate_policy_masked_turn_gap``)."""
-    g = _vec(gap, "gap")
+    g = as_vector(gap, "gap")
     keep = torch.ones_like(g, dtype=torch.bool) if mask is None else torch.as_tensor(mask, dtype=torch.bool)
     if keep.shape != g.shape or not bool(keep.any()):
         raise ValueError("a turn needs at least one policy-loss token, with a mask shaped like its gap")
@@ -512,7 +513,7 @@ def project_weighted_box_budget(
     breakpoints finds the piece holding f = N, which is then solved in closed form. A density already inside the
     box is returned as it is; ``upper`` or ``lower`` equal to 1 gives all ones.
     """
-    h, n = _vec(raw_density, "raw_density"), _vec(token_counts, "token_counts")
+    h, n = as_vector(raw_density, "raw_density"), as_vector(token_counts, "token_counts")
     if h.shape != n.shape:
         raise ValueError("raw_density and token_counts must align")
     if not bool(torch.isfinite(h).all()) or bool((h < 0).any()):
@@ -559,7 +560,7 @@ def mix_density(projected: TensorLike, mixing: float = 0.5) -> torch.Tensor:
     mixing = float(mixing)
     if not 0.0 <= mixing <= 1.0:
         raise ValueError(f"mixing coefficient must be in [0, 1], got {mixing!r}")
-    return (1.0 - mixing) + mixing * _vec(projected, "projected")
+    return (1.0 - mixing) + mixing * as_vector(projected, "projected")
 
 
 def _density_box(weighting: str, upper: float, band: float) -> tuple[float, float]:
@@ -593,7 +594,7 @@ def hierarchical_turn_weights(
         weight            w_t = (1 - mixing) + mixing x_t  (sum_t n_t w_t = N)
     All scores equal give exactly ones (h = 1 in exact arithmetic).
     """
-    e, n = _vec(scores, "scores"), _vec(token_counts, "token_counts")
+    e, n = as_vector(scores, "scores"), as_vector(token_counts, "token_counts")
     if e.shape != n.shape or not bool(torch.isfinite(e).all()):
         raise ValueError("scores must be finite, one per turn with its token count")
     temperature = _positive(temperature, "credit temperature")
@@ -626,7 +627,7 @@ def flat_turn_weights(
     """Ablation C, turn allocation without spans (official ``compute_flat_turn_credit``): q = softmax(log n_t +
     e_t / temp) over the trajectory, h_t = N q_t / n_t, then the same projection and mixing. That is
     ``hierarchical_turn_weights`` with the whole trajectory as its one span (b = 1)."""
-    n_turns = _vec(scores, "scores").numel()
+    n_turns = as_vector(scores, "scores").numel()
     return hierarchical_turn_weights(scores, token_counts, [(0, n_turns)] if n_turns else [], temperature, mixing, upper, weighting, band)
 
 
@@ -636,7 +637,7 @@ def flat_token_weights(
     """Ablation B, allocation over the trajectory's policy tokens (official ``compute_flat_token_credit``):
     q = softmax(sign(A) g_k / temp) over its tokens, h = (number of tokens) q, projected with unit counts. The
     official token ablation applies no mixing: the projected density is the weight."""
-    e = _vec(token_scores, "token_scores")
+    e = as_vector(token_scores, "token_scores")
     if not bool(torch.isfinite(e).all()):
         raise ValueError("token scores must be finite")
     temperature = _positive(temperature, "credit temperature")
@@ -665,7 +666,7 @@ def group_outcome_advantage(
     advantage is still one scalar per trajectory, A_i = (R_i - mu) / (sigma + epsilon). Fewer than two
     statistics rows (or ``scale`` off) give no std division; one row gives 0.
     """
-    r = _vec(rewards, "rewards")
+    r = as_vector(rewards, "rewards")
     counts = [int(c) for c in turn_counts]
     if len(counts) != r.numel() or any(c < 0 for c in counts):
         raise ValueError("turn_counts must hold one nonnegative count per trajectory")
@@ -693,7 +694,7 @@ def invalid_action_residual(
     their difference. It is added to the token advantages after the credit allocation, so invalid actions never
     enter the profiles, spans or budgets. All actions valid -> exactly 0.
     """
-    r = _vec(rewards, "rewards")
+    r = as_vector(rewards, "rewards")
     bad = torch.as_tensor(list(invalid), dtype=torch.bool)
     if bad.shape != r.shape:
         raise ValueError("invalid must have one entry per turn row")

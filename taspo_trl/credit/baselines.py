@@ -34,7 +34,7 @@ from difflib import SequenceMatcher
 
 import torch
 
-from .gibbs_allocation import gibbs_weights, turn_evidence
+from .stepopsd import gibbs_weights, turn_evidence
 
 __all__ = [
     "GIGPO_NORMS",

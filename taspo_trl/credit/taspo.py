@@ -31,6 +31,8 @@ from typing import Sequence
 
 import torch
 
+from .tensors import WEIGHT_DTYPE
+
 __all__ = [
     "FALLBACK_NO_PI",
     "FALLBACK_ZERO_ADVANTAGE",
@@ -53,8 +55,6 @@ FALLBACK_NO_PI = "no_pi"  # the aligned privileged context P_i is empty
 FALLBACK_ZERO_ADVANTAGE = "zero_advantage"  # A_i == 0: sign(A_i) undefined and nothing to redistribute
 FALLBACK_FEW_SCORABLE = "few_scorable"  # |I_i| < 2: no relative comparison possible
 FALLBACK_REASONS = (FALLBACK_NO_PI, FALLBACK_ZERO_ADVANTAGE, FALLBACK_FEW_SCORABLE)
-
-WEIGHT_DTYPE = torch.float64
 
 ShiftsLike = torch.Tensor | Sequence[float]
 ScoreLike = float | None

@@ -1,11 +1,13 @@
 """Environment adapters, the registry that maps a config name to an environment factory and its task-row
-builder, and the registry of each environment's expert (the oracle that expert demonstrations replay)."""
+builder, the registry of each environment's expert (the oracle that expert demonstrations replay) and the registry
+of each environment's rules for the rule-based analyzer (``envs.analysis.RuleSet``)."""
 
 from __future__ import annotations
 
 import random
 from typing import Any, Callable, Mapping, Protocol
 
+from .analysis import RuleSet
 from .base import (
     AgentEnv,
     EnvFactory,
@@ -126,6 +128,51 @@ def get_expert_factory(name: str) -> ExpertFactory:
     return _EXPERTS[name]()
 
 
+def _alfworld_rules() -> RuleSet:
+    from .alfworld.analysis import ALFWorldRules
+
+    return ALFWorldRules()
+
+
+def _search_rules() -> RuleSet:
+    from .search.analysis import SearchQARules
+
+    return SearchQARules()
+
+
+def _webshop_rules() -> RuleSet:
+    from .webshop.analysis import WebShopRules
+
+    return WebShopRules()
+
+
+_ANALYZER_RULES: dict[str, Callable[[], RuleSet]] = {
+    "alfworld": _alfworld_rules, "webshop": _webshop_rules, "search": _search_rules,
+}
+
+
+def register_analyzer_rules(name: str, rules_loader: Callable[[], RuleSet]) -> None:
+    """Gives environment ``name`` rules for the rule-based analyzer (``analyzer: rule``; ``rules_loader()`` returns
+    an ``envs.analysis.RuleSet``), which writes TASPO's guidance, ``success_skills`` and OPID's step skills
+    offline. Without them, those methods need an LLM analyzer on that environment."""
+    _ANALYZER_RULES[name] = rules_loader
+
+
+def analyzer_rules_names() -> tuple[str, ...]:
+    """The environments with rules for the rule-based analyzer, in registration order."""
+    return tuple(_ANALYZER_RULES)
+
+
+def get_analyzer_rules(name: str) -> RuleSet:
+    if name not in _ANALYZER_RULES:
+        raise ValueError(
+            f"Environment {name!r} has no rules for the rule-based analyzer. Known: {sorted(_ANALYZER_RULES)}; add "
+            "yours with taspo_trl.envs.register_analyzer_rules(), or use an LLM analyzer (analyzer: openai or "
+            "transformers)."
+        )
+    return _ANALYZER_RULES[name]()
+
+
 def _check_registered(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(
@@ -190,12 +237,16 @@ __all__ = [
     "Expert",
     "ExpertFactory",
     "PromptTemplate",
+    "RuleSet",
     "StepResult",
     "TaskRowBuilder",
+    "analyzer_rules_names",
     "build_task_rows",
     "encode_task_prompt",
+    "get_analyzer_rules",
     "get_env_factory",
     "get_expert_factory",
+    "register_analyzer_rules",
     "register_env",
     "register_expert",
     "task_spec_from_row",

@@ -1,5 +1,18 @@
-"""Privileged information (PI) for TASPO: the analyzer protocol (TASPO Section 3.2, Appendix A.2), its backends,
-and the per-group builder with the Table 2 PI-source ablations."""
+"""Privileged information (PI): what a method's teacher sees and its student does not, for every method that uses it.
+
+- TASPO's P_i: the analyzer protocol (TASPO Section 3.2, Appendix A.2; ``protocol``), its backends
+  (``analyzers``: the rule-based one reads with the rules each environment registers in ``taspo_trl.envs``), the
+  per-group builder with the Table 2 PI-source ablations (``builder``) and the settings every trainer that builds
+  it shares (``context``); OPID's step skills come from the same analyzer.
+- The paired rescoring of responses with and without a privileged context (``rescoring``), which the teachers of
+  TASPO and the comparison methods share.
+- The skill bank and its frozen sentence encoder (``skillbank``, ``encoder``): AlignOPSD's p_x, TASPO's
+  ``generic_skill`` source and the skill-conditioned baselines.
+- AlignOPSD's privileged side (``alignopsd``): its teachers' skill contexts, the parsed thinking and action of
+  each response, each group's correspondence and the cross-teacher views to score; its credit math is
+  ``taspo_trl.credit.alignopsd``.
+
+The names below are TASPO's PI, importable from here; the other modules are imported by their path."""
 
 from .analyzers import (
     Analyzer,
@@ -7,7 +20,6 @@ from .analyzers import (
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
     TransformersAnalyzer,
-    parse_command,
     reasoning_request_fields,
 )
 from .builder import (
@@ -71,7 +83,6 @@ __all__ = [
     "exclude_target_only",
     "extraction_payload",
     "normalize_whitespace",
-    "parse_command",
     "parse_json_object",
     "reasoning_request_fields",
     "render_trajectory_steps",

@@ -15,11 +15,11 @@ from typing import Any, NamedTuple
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
+from ..envs import analyzer_rules_names
 from ..rollout.records import Trajectory
 from .analyzers import (
     REASONING_MODES,
     REASONING_PARAMS,
-    RULE_SETS,
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
     TransformersAnalyzer,
@@ -49,12 +49,14 @@ class PrivilegedContextConfig:
             `"random_success"` or `"generic_skill"` (the top `skill_top_k` skills of `skill_bank`, or a
             `skill_lookup` passed to the trainer); also `"success_skills"`, the analyzer's items from the other
             successes without alignment (Skill-SD's).
-        analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline; ALFWorld, WebShop and
-            Search-QA), `"openai"` (any OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's
+        analyzer (`str`, defaults to `"rule"`): `"rule"` (deterministic rule-based, offline; environments with
+            rules registered: ALFWorld, WebShop and Search-QA), `"openai"` (any OpenAI-compatible server: DeepSeek, vLLM, `transformers serve`; the paper's
             setting) or `"transformers"` (a local model, `analyzer_model`).
-        analyzer_rules (`str` or `None`, defaults to `None`): the `"rule"` analyzer's rule set, `"alfworld"`,
-            `"webshop"` or `"search"`; `None` = the trainer's environment. An environment of your own (registered,
-            or passed as a factory) has none: name the built-in one whose actions it uses, or use an LLM analyzer.
+        analyzer_rules (`str` or `None`, defaults to `None`): the `"rule"` analyzer's rule set, the name of an
+            environment with rules registered (`taspo_trl.envs.register_analyzer_rules`; `"alfworld"`, `"webshop"`
+            and `"search"` have theirs); `None` = the trainer's environment. An environment of your own (registered,
+            or passed as a factory) has none: register its rules, name the built-in one whose actions it uses, or
+            use an LLM analyzer.
         analyzer_model (`str` or `None`): model name for `"openai"`, path or id for `"transformers"`.
         analyzer_base_url (`str` or `None`): endpoint of the OpenAI-compatible server.
         analyzer_api_key_env (`str`, defaults to `"OPENAI_API_KEY"`): environment variable holding the API key;
@@ -126,8 +128,10 @@ class PrivilegedContextConfig:
             raise ValueError(f"pi_source must be one of {PI_SOURCES}, got {self.pi_source!r}.")
         if self.analyzer not in ANALYZERS:
             raise ValueError(f"analyzer must be one of {ANALYZERS}, got {self.analyzer!r}.")
-        if self.analyzer_rules is not None and self.analyzer_rules not in RULE_SETS:
-            raise ValueError(f"analyzer_rules must be one of {tuple(RULE_SETS)} or None, got {self.analyzer_rules!r}.")
+        if self.analyzer_rules is not None and self.analyzer_rules not in analyzer_rules_names():
+            raise ValueError(
+                f"analyzer_rules must be one of {analyzer_rules_names()} or None, got {self.analyzer_rules!r}."
+            )
         if self.analyzer == "openai" and not (self.analyzer_base_url and self.analyzer_model):
             raise ValueError(
                 "analyzer='openai' needs analyzer_base_url (e.g. https://api.deepseek.com or "
@@ -149,7 +153,7 @@ def make_analyzer(args: Any, environment: str | None, needed: bool = True) -> An
     an analyzer is refused with the fix, and one that did not gets None."""
     if args.analyzer == "rule":
         rules = args.analyzer_rules or environment
-        if rules in RULE_SETS:
+        if rules in analyzer_rules_names():
             return RuleBasedAnalyzer(rules)
         if needed:
             raise ValueError(unknown_rule_set(rules))

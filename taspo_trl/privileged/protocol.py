@@ -18,6 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
+# A.2's elision marker and statement cap are defined in the kit of the environments' analyzer rules, which may not
+# import privileged/.
+from ..envs.analysis import ELLIPSIS, MAX_STATEMENT_CHARS
+
 if TYPE_CHECKING:  # records pull in the rollout package (torch); only their attributes are used here
     from ..rollout.records import Trajectory
 
@@ -27,7 +31,6 @@ DEFAULT_CHAR_BUDGET = 12_000
 TASK_CHAR_CAP = 1_200
 ACTION_CHAR_CAP = 320
 MIN_OBSERVATION_CHARS = 40
-MAX_STATEMENT_CHARS = 800
 DEFAULT_MAX_STATEMENTS = 8
 DEFAULT_PI_TOKENS = 256
 DEFAULT_MAX_ITEMS = 12  # Table C.3, "Maximum evidence items"
@@ -38,7 +41,6 @@ MIN_QUOTE_CHARS = 3
 ITEM_KINDS = ("requirement", "precondition", "ordering")
 PI_HEADER = "[Privileged Guidance]"
 PI_FOOTER = "[End Privileged Guidance]"
-ELLIPSIS = " ... "
 # Keys that would reveal the outcome to the alignment stage (A.2, "Inputs and outcome visibility").
 OUTCOME_KEYS = frozenset({"verified_success", "episode_reward", "won", "reward", "advantage"})
 

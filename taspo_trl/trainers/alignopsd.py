@@ -58,7 +58,7 @@ from ..credit.alignopsd import (
 from ..credit.distillation import gradient_equivalent_advantages, sdar_loss
 from ..credit.grpo import grpo_outcome_advantages
 from ..credit.turns import TurnCredit, TurnValue, add_to_tokens
-from ..privileged.alignment import (
+from ..privileged.alignopsd import (
     GroupCorrespondence,
     cross_view_requests,
     group_correspondence,

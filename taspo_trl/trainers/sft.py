@@ -268,7 +268,7 @@ def _informed_episodes(
     informed = _expert_player(tokenizer, config)(
         [spec for spec in specs for _ in range(episodes_per_task)], seed=config.demonstration_seed + 1, informed=True,
     )
-    return informed, sibling_contexts(informed, siblings, tokenizer)
+    return informed, sibling_contexts(informed, siblings, tokenizer, config.environment)
 
 
 def informed_corrections(
@@ -331,11 +331,13 @@ def foreign_guidance(
     return chosen
 
 
-def sibling_contexts(targets: Sequence[Demonstration], siblings: Sequence[Demonstration], tokenizer: Any) -> list[str]:
-    """TASPO's privileged context P_i (Eq. 2, ``aligned`` source, rule-based analyzer, default budgets) of each
-    target demonstration, in a group made of it and the ``siblings`` of the same task; "" where no sibling of its
-    task won."""
-    analyzer = RuleBasedAnalyzer()
+def sibling_contexts(
+    targets: Sequence[Demonstration], siblings: Sequence[Demonstration], tokenizer: Any, environment: str
+) -> list[str]:
+    """TASPO's privileged context P_i (Eq. 2, ``aligned`` source, rule-based analyzer with the rules of
+    ``environment``, default budgets) of each target demonstration, in a group made of it and the ``siblings`` of
+    the same task; "" where no sibling of its task won."""
+    analyzer = RuleBasedAnalyzer(environment)
     by_task: dict[str, list[Trajectory]] = defaultdict(list)
     for sibling in siblings:
         by_task[encode_task_prompt(sibling.trajectory.task_spec)].append(sibling.trajectory)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import cross_teacher_logprobs, invalid_action_residual, source_log_weights, source_weights
-from taspo_trl.privileged.alignment import NO_SKILLS, teacher_contexts
+from taspo_trl.privileged.alignopsd import NO_SKILLS, teacher_contexts
 from taspo_trl.rollout.records import Trajectory
 
 

@@ -908,7 +908,7 @@ def test_stepopsd_of_no_steps_is_an_empty_float64_tensor() -> None:
 
 def test_stepopsd_refuses_a_one_dimensional_step_layout() -> None:
     """delta and mask must be [S, T] (one row per step): a single 1-D row is refused with a ValueError, raised by
-    the allocation (``gibbs_allocation``) because the step rows it would be split into are 0-D."""
+    the allocation (``credit/stepopsd.py``) because the step rows it would be split into are 0-D."""
     with pytest.raises(ValueError, match="must be 1-D"):
         stepopsd_advantages(1.0, torch.tensor([0.1, 0.2]), torch.tensor([1, 1]))
 

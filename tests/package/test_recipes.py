@@ -136,7 +136,7 @@ def test_webshop_action_filter_keeps_only_the_same_operation_and_click_target(en
     from tests.helpers.kitchen import played
 
     from taspo_trl.envs.webshop import load_catalog, webshop_env_factory
-    from taspo_trl.privileged.alignment import group_correspondence, parse_response
+    from taspo_trl.privileged.alignopsd import group_correspondence, parse_response
 
     data = yaml.safe_load((ROOT / "recipes" / "paper" / "webshop" / "alignopsd_qwen2.5-3b.yaml").read_text())
     assert data["action_filter"] is True

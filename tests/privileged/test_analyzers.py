@@ -8,13 +8,12 @@ import json
 
 import pytest
 
+from taspo_trl.envs.alfworld.analysis import Command, parse_command
 from taspo_trl.privileged.analyzers import (
     AnalyzerError,
-    Command,
     OpenAICompatibleAnalyzer,
     RuleBasedAnalyzer,
     TransformersAnalyzer,
-    parse_command,
     reasoning_request_fields,
 )
 from taspo_trl.privileged.builder import build_group_pi
@@ -494,3 +493,18 @@ def test_an_environment_without_rules_is_refused_with_the_fix(tmp_path):
         RuleBasedAnalyzer("lockers")
     with pytest.raises(ValueError, match=r"analyzer_rules must be one of \('alfworld', 'webshop', 'search'\)"):
         TASPOConfig(**cpu_trainer_kwargs(tmp_path, analyzer_rules="kitchen"))
+
+
+def test_rules_registered_for_an_environment_read_its_requests(monkeypatch):
+    from taspo_trl import envs
+    from taspo_trl.envs.alfworld.analysis import ALFWorldRules
+
+    with pytest.raises(ValueError, match=r"not for environment 'lockers'.*envs\.register_analyzer_rules\(\)"):
+        RuleBasedAnalyzer("lockers")
+    with pytest.raises(ValueError, match=r"'lockers' has no rules.*register_analyzer_rules"):
+        envs.get_analyzer_rules("lockers")
+    monkeypatch.setattr(envs, "_ANALYZER_RULES", dict(envs._ANALYZER_RULES))  # the registration ends with the test
+    envs.register_analyzer_rules("lockers", ALFWorldRules)
+    group = kitchen_group()
+    messages = extraction_messages(extraction_payload({i: t for i, t in enumerate(group) if t.won}, max_items=12))
+    assert RuleBasedAnalyzer("lockers").complete(messages) == RuleBasedAnalyzer("alfworld").complete(messages)

@@ -22,7 +22,7 @@ import taspo_trl.trainers.grpo as grpo_module
 from taspo_trl import AgentGRPOTrainer, AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import group_outcome_advantage
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
-from taspo_trl.privileged.alignment import NO_SKILLS, cross_view_requests, group_correspondence, parse_response
+from taspo_trl.privileged.alignopsd import NO_SKILLS, cross_view_requests, group_correspondence, parse_response
 from taspo_trl.privileged.rescoring import privileged_prompt_ids
 from taspo_trl.rollout.chat import ChatFormat
 from taspo_trl.rollout.generation import Generation

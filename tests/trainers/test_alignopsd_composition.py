@@ -28,7 +28,7 @@ import torch
 
 import taspo_trl.trainers.alignopsd as alignopsd_module
 from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
-from taspo_trl.privileged.alignment import NO_SKILLS
+from taspo_trl.privileged.alignopsd import NO_SKILLS
 from taspo_trl.rollout.generation import Generation
 from taspo_trl.rollout.records import Trajectory, Turn
 from taspo_trl.trainers.step import LastStep

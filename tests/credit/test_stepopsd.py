@@ -1,4 +1,4 @@
-"""The bounded Gibbs allocation of ``taspo_trl.credit.gibbs_allocation`` (StepOPSD's per-step budget): property
+"""The bounded Gibbs allocation of ``taspo_trl.credit.stepopsd`` (StepOPSD's per-step budget): property
 tests of the bounds, the exact token-mean identity, sign preservation and monotonicity, plus a hand-computed
 worked example."""
 
@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from taspo_trl.credit.gibbs_allocation import (
+from taspo_trl.credit.stepopsd import (
     gibbs_weights,
     bounded_normalize,
     hierarchical_weights,
@@ -236,9 +236,9 @@ def test_worked_example_allocation_step_by_step():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Tests written against the mutants of ``taspo_trl.credit.gibbs_allocation`` that survived the tests above and
-# ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the score and the equivalent survivors are in
-# benchmarks/results/mutation.md).
+# Tests written against the mutants of ``taspo_trl.credit.stepopsd`` (then ``gibbs_allocation``) that survived the
+# tests above and ``tests/credit/test_baselines.py`` (benchmarks/mutation.sh; the score and the equivalent survivors
+# are in benchmarks/results/mutation.md).
 #
 # They pin down what a caller relies on: token counts and masks given as integer tensors (as a tokenizer's attention
 # mask comes), turns and spans without optimised tokens staying out of the credit measure, the exact token mass for

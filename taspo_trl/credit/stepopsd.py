@@ -21,22 +21,15 @@ from typing import Sequence
 
 import torch
 
+from .tensors import WEIGHT_DTYPE, TensorLike, as_vector
+
 __all__ = ["turn_evidence", "span_evidence", "neutral_measure", "hierarchical_weights", "bounded_normalize", "gibbs_weights"]
 
-WEIGHT_DTYPE = torch.float64
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_EPS = 0.5
 
-TensorLike = torch.Tensor | Sequence[float]
 MaskLike = torch.Tensor | Sequence[bool]
 Span = tuple[int, int]
-
-def _vec(values: TensorLike, name: str) -> torch.Tensor:
-    out = torch.as_tensor(values, dtype=WEIGHT_DTYPE)
-    if out.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(out.shape)}")
-    return out
-
 
 def _mask(values: MaskLike | None, size: int, name: str) -> torch.Tensor | None:
     if values is None:
@@ -98,7 +91,7 @@ def turn_evidence(rectified: TensorLike, advantage: float | torch.Tensor, mask: 
     values are left out of the mean; a turn with no optimised token or no finite value has evidence 0.0 (no
     information, so it stays at the neutral measure). A_i == 0 gives 0.0.
     """
-    g = _vec(rectified, "rectified")
+    g = as_vector(rectified, "rectified")
     m = _mask(mask, g.numel(), "mask")
     keep = torch.isfinite(g) if m is None else (torch.isfinite(g) & m)
     sign = _advantage_sign(advantage)
@@ -115,7 +108,7 @@ def span_evidence(
     With ``token_counts``, turns with no optimised token (n_t = 0) are left out (they carry no credit mass); a
     span with none left has E_s = 0.
     """
-    e = _vec(evidence, "evidence")
+    e = as_vector(evidence, "evidence")
     spans = _check_partition(spans, e.numel())
     counts = None if token_counts is None else _counts(token_counts)
     if counts is not None and len(counts) != e.numel():
@@ -164,7 +157,7 @@ def hierarchical_weights(
     depend on n_t. sum_t n_t w_t = N (up to rounding). Turns with n_t = 0 get 1.0 and are left out of the
     measure, as are spans made only of such turns. ``temperature = inf`` returns all ones.
     """
-    e = _vec(evidence, "evidence")
+    e = as_vector(evidence, "evidence")
     counts = _counts(token_counts)
     if len(counts) != e.numel():
         raise ValueError(f"{len(counts)} token counts for {e.numel()} turns")
@@ -222,7 +215,7 @@ def bounded_normalize(
         eps: bound 0 <= eps < 1 (default 0.5; the paper's value is illegible). eps = 0 gives all ones.
     """
     eps = _check_eps(eps)
-    w = _vec(weights, "weights")
+    w = as_vector(weights, "weights")
     counts = _counts(token_counts)
     if len(counts) != w.numel():
         raise ValueError(f"{len(counts)} token counts for {w.numel()} weights")
@@ -292,7 +285,7 @@ def gibbs_weights(
         A_i = 0, ...) gives exactly GRPO: every weight is exactly 1.0.
     """
     eps = _check_eps(eps)
-    e = _vec(evidence, "evidence")
+    e = as_vector(evidence, "evidence")
     if not bool(torch.isfinite(e).all()):
         raise ValueError("evidence must be finite")
     if not bool((e != 0).any()):
