@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from accelerate import Accelerator
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import broadcast_object_list
 
 from ..envs import analyzer_rules_names
 from ..rollout.records import Trajectory
@@ -199,7 +199,8 @@ def configured_skill_lookup(args: Any) -> Any:
 
 
 def build_privileged_context(
-    trajectories: list[Trajectory],
+    everything: list[Trajectory],
+    mine: slice,
     args: Any,
     analyzer: Any,
     skill_lookup: Any,
@@ -209,12 +210,10 @@ def build_privileged_context(
     seed: int,
     max_step_skills: int = 0,
 ) -> Guidance:
-    """PI and, with ``max_step_skills`` > 0, step skills for this process's ``trajectories``, as ``args``
-    (a ``PrivilegedContextConfig``) configures them, written by ``analyzer`` (``skill_lookup(task, task_type)``
-    for `generic_skill`): built on the main process for the batch gathered from all processes, broadcast, and
-    sliced to this process's share."""
-    multi_process = accelerator.num_processes > 1
-    everything = gather_object(trajectories) if multi_process else list(trajectories)
+    """PI and, with ``max_step_skills`` > 0, step skills for this process's trajectories (``everything[mine]``), as
+    ``args`` (a ``PrivilegedContextConfig``) configures them, written by ``analyzer`` (``skill_lookup(task,
+    task_type)`` for `generic_skill`): built on the main process for ``everything``, the step's trajectories of all
+    processes, then broadcast."""
     payload: list[Any] = [None]
     if accelerator.is_main_process:
         built = build_batch(
@@ -232,9 +231,7 @@ def build_privileged_context(
             seed=seed,
         )
         payload = [(built.texts, built.step_skills, built.stats.as_metrics("pi/"))]
-    if multi_process:
+    if accelerator.num_processes > 1:
         broadcast_object_list(payload, from_process=0)
     texts, step_skills, metrics = payload[0]
-    start = accelerator.process_index * len(trajectories)
-    mine = slice(start, start + len(trajectories))
     return Guidance(texts[mine], step_skills[mine], metrics)

@@ -263,7 +263,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         args = self.args
         trajectories, rows = step.trajectories, step.rows
         local, first = len(trajectories), step.first
-        everything = step.batch_trajectories()
+        everything = step.everything
         groups: dict[int, list[int]] = {}
         for j, trajectory in enumerate(everything):
             groups.setdefault(trajectory.group, []).append(j)
@@ -325,7 +325,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         residuals = self._invalid_residuals(everything, self._episode_rewards(everything, step), groups, first, local)
 
         self.last_step.weights, self.last_step.spans = weights, spans
-        self.last_step.skill_texts = skills[first : first + local]
+        self.last_step.skill_texts = skills[step.local]
         self._log_weight_range(weights, self.metrics_mode)
         self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
         advantages = weights.scaled([float(outcome[first + i]) for i in range(local)], residuals)

@@ -415,7 +415,7 @@ class BaselineTrainer(AgentGRPOTrainer):
     def _outcome_credit(self, method: CreditMethod, step: StepView) -> TurnCredit:
         """A teacher-free method on the batch of all processes (GiGPO's anchor-state groups span a task group's
         siblings, which may sit on other processes); this process keeps its own trajectories' share."""
-        everything = step.batch_trajectories()
+        everything = step.everything
         outcome = OutcomeBatch(
             advantages=step.batch_advantages.to(torch.float32),
             observations=[[t.initial_observation] + [turn.observation for turn in t.turns[:-1]] for t in everything],
@@ -423,16 +423,18 @@ class BaselineTrainer(AgentGRPOTrainer):
             groups=[t.group for t in everything],
         )
         credit = method.fn(outcome, self.args, self.state.global_step)
-        return TurnCredit(credit[step.first + i] for i in range(len(step.trajectories)))
+        return TurnCredit(credit[step.local])
 
-    def _guidance(self, trajectories: list[Trajectory], method: CreditMethod) -> Guidance:
-        """The teacher's privileged context: none for an external teacher (it reads the plain prompt)."""
+    def _guidance(self, step: StepView, method: CreditMethod) -> Guidance:
+        """The teacher's privileged context of this process's trajectories of ``step``: none for an external
+        teacher (it reads the plain prompt)."""
         if method.teacher == "external":
-            return Guidance([""] * len(trajectories), [{} for _ in trajectories], {})
+            return Guidance([""] * len(step.trajectories), [{} for _ in step.trajectories], {})
         args = self.args
         mode = self.metrics_mode
         guidance = build_privileged_context(
-            trajectories,
+            step.everything,
+            step.local,
             args,
             self.analyzer,
             self.skill_lookup,
@@ -446,15 +448,16 @@ class BaselineTrainer(AgentGRPOTrainer):
             self._metrics[mode][name].append(value)
         return guidance
 
-    def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
-        """The teacher's privileged context of this process's trajectories (identical on every process)."""
-        return self._guidance(trajectories, self.args.credit_method).texts
+    def _privileged_info(self, step: StepView) -> list[str]:
+        """The teacher's privileged context of this process's trajectories of ``step`` (identical on every
+        process)."""
+        return self._guidance(step, self.args.credit_method).texts
 
     def _teacher_credit(self, method: CreditMethod, step: StepView) -> TurnCredit:
         """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
         trajectories, advantages = step.trajectories, step.advantages
         metrics = self._metrics[self.metrics_mode]
-        contexts, step_skills, _ = self._guidance(trajectories, method)
+        contexts, step_skills, _ = self._guidance(step, method)
         self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()
         turn_contexts = self._turn_contexts(trajectories, contexts)

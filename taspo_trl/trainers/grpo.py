@@ -661,6 +661,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         first = self.accelerator.process_index * len(inputs)
         for k, trajectory in enumerate(trajectories):  # group ids over the whole batch, not this process's share
             trajectory.group = (first + k) // num_generations
+        everything = gather_object(trajectories) if multi_process else list(trajectories)  # the step's one gather
         self.last_step = LastStep(trajectories=trajectories)
 
         # 2. Rewards through TRL's reward functions.
@@ -685,7 +686,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
         step = StepView(trajectories, advantages, rows, batch, rewards, first=first,
-                        batch_advantages=all_advantages.cpu(), gather=gather_object if multi_process else None)
+                        batch_advantages=all_advantages.cpu(), everything=everything)
         per_turn_advantage = TurnCredit(self.turn_advantages(step))
         if [len(turns) for turns in per_turn_advantage] != [t.num_turns for t in trajectories]:
             raise ValueError(f"{type(self).__name__}.turn_advantages must give each trajectory one value per turn "
@@ -698,7 +699,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         batch["tool_mask"] = _pad_right(balance, 0.0, device, torch.float32)
         batch["num_items_in_batch"] = self.accelerator.gather((batch["completion_mask"] * batch["tool_mask"]).sum()).sum()
 
-        self._log_agent_metrics(trajectories, rows, rollout_seconds, mode)
+        self._log_agent_metrics(everything, rows, rollout_seconds, mode)
         self._metrics[mode]["reward"].append(torch.nanmean(rewards).item())
         self._metrics[mode]["reward_std"].append(_nanstd(rewards))
         for k, name in enumerate(self.reward_func_names):
@@ -844,27 +845,25 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
             self._metrics[mode]["credit/weight_min"].append(min(flat))
             self._metrics[mode]["credit/weight_max"].append(max(flat))
 
-    def _log_agent_metrics(self, trajectories: list[Trajectory], rows: Rows, rollout_seconds: float, mode: str) -> None:
-        local = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.had_fault) for t in trajectories]
-        everything = gather_object(local)
-        invalid = [sum(not turn.action_valid for turn in t.turns) for t in trajectories]
-        turns = [t.num_turns for t in trajectories]
-        gathered = gather_object([(sum(invalid), sum(turns))])
+    def _log_agent_metrics(self, everything: list[Trajectory], rows: Rows, rollout_seconds: float, mode: str) -> None:
+        """The batch's success, turn and fault rates over every process's trajectories (``everything``)."""
+        episodes = [(t.task_type or "all", t.won, t.num_turns, t.truncated, t.had_fault) for t in everything]
+        total_invalid = sum(not turn.action_valid for t in everything for turn in t.turns)
+        total_turns = sum(t.num_turns for t in everything)
         metrics = self._metrics[mode]
         by_family: dict[str, list[bool]] = defaultdict(list)
-        for family, won, *_ in everything:
+        for family, won, *_ in episodes:
             by_family[family].append(won)
         for family, wins in sorted(by_family.items()):
             metrics[f"success/{family}"].append(sum(wins) / len(wins))
-        metrics["success/all"].append(sum(w for _, w, *_ in everything) / max(len(everything), 1))
-        metrics["env/turns_mean"].append(sum(n for _, _, n, _, _ in everything) / max(len(everything), 1))
-        metrics["env/truncated_rate"].append(sum(tr for *_, tr, _ in everything) / max(len(everything), 1))
+        metrics["success/all"].append(sum(w for _, w, *_ in episodes) / max(len(episodes), 1))
+        metrics["env/turns_mean"].append(sum(n for _, _, n, _, _ in episodes) / max(len(episodes), 1))
+        metrics["env/truncated_rate"].append(sum(tr for *_, tr, _ in episodes) / max(len(episodes), 1))
         # An episode that failed at the end (error) or went on past a failed step (faults, e.g. a retrieval error)
-        error_rate = sum(e for *_, e in everything) / max(len(everything), 1)
+        error_rate = sum(e for *_, e in episodes) / max(len(episodes), 1)
         metrics["env/error_rate"].append(error_rate)
         if mode == "train":
             self._guard_env_error_rate(error_rate)
-        total_invalid, total_turns = map(sum, zip(*gathered))
         metrics["env/invalid_action_rate"].append(total_invalid / max(total_turns, 1))
         metrics["env/rollout_seconds"].append(rollout_seconds)
         metrics["rows/count"].append(float(len(rows)))

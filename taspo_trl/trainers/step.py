@@ -3,7 +3,6 @@ the trainer keeps of its latest step for inspection (``LastStep``, ``trainer.las
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +30,11 @@ class StepView:
         rewards: the rewards of every trajectory of the step, all processes' (gathered, in process order);
             AlignOPSD's outcome advantage takes its own statistics over them.
         first: where this process's trajectories start in the step's batch of all processes (the index of
-            ``trajectories[0]`` in ``batch_trajectories()``, ``rewards`` and ``batch_advantages``).
+            ``trajectories[0]`` in ``everything``, ``rewards`` and ``batch_advantages``).
         batch_advantages: A_i of every trajectory of the step, all processes' (``advantages`` is the slice of
             this process); defaults to ``advantages`` (one process).
-        gather: the step's ``gather_object`` across processes; ``None`` with one process.
+        everything: every process's trajectories of the step, in process order, gathered once by the step (a
+            hook never gathers); defaults to ``trajectories`` (one process).
     """
 
     trajectories: list[Trajectory]
@@ -44,19 +44,18 @@ class StepView:
     rewards: torch.Tensor | None = None
     first: int = 0
     batch_advantages: torch.Tensor | None = None
-    gather: Callable[[list[Any]], list[Any]] | None = None
-    _batch_trajectories: list[Trajectory] | None = field(default=None, repr=False)
+    everything: list[Trajectory] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.batch_advantages is None:
             self.batch_advantages = self.advantages
+        if self.everything is None:
+            self.everything = list(self.trajectories)
 
-    def batch_trajectories(self) -> list[Trajectory]:
-        """Every process's trajectories of the step, in process order, gathered on the first call and kept. With
-        several processes this is a collective: the hooks of every process call it, or none does."""
-        if self._batch_trajectories is None:
-            self._batch_trajectories = self.gather(self.trajectories) if self.gather else list(self.trajectories)
-        return self._batch_trajectories
+    @property
+    def local(self) -> slice:
+        """Where this process's trajectories sit in ``everything`` (and in any list over the whole batch)."""
+        return slice(self.first, self.first + len(self.trajectories))
 
 
 @dataclass

@@ -106,7 +106,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         mode = self.metrics_mode
         metrics = self._metrics[mode]
 
-        pi_texts = self._privileged_info(trajectories)
+        pi_texts = self._privileged_info(step)
         usable = [pi if float(a) != 0.0 else "" for pi, a in zip(pi_texts, advantages.tolist())]
 
         started = time.perf_counter()
@@ -163,11 +163,12 @@ class TASPOTrainer(AgentGRPOTrainer):
             out.append(token_w)
         return out
 
-    def _privileged_info(self, trajectories: list[Trajectory]) -> list[str]:
-        """PI for this process's trajectories, identical on every process (``build_privileged_context``)."""
+    def _privileged_info(self, step: StepView) -> list[str]:
+        """PI for this process's trajectories of ``step``, identical on every process (``build_privileged_context``)."""
         mode = self.metrics_mode
         guidance = build_privileged_context(
-            trajectories,
+            step.everything,
+            step.local,
             self.args,
             self.analyzer,
             self.skill_lookup,

@@ -174,7 +174,7 @@ def _host(tmp_path, monkeypatch, sc, contexts=None, group_order=(0, 1, 2), **ove
     monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: given(trajectories))
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     step = SimpleNamespace(trajectories=trajectories, rows=SimpleNamespace(collect=lambda plain: plain), rewards=rewards,
-                           first=0, batch_trajectories=lambda: list(trajectories))
+                           first=0, everything=list(trajectories), local=slice(0, len(trajectories)))
     return host, step, index, prompts_seen
 
 

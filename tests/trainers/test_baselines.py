@@ -450,7 +450,7 @@ def test_a_non_finite_log_prob_leaves_its_turn_unscored(shared):
     trajectories, rows = seen["trajectories"], seen["rows"]
     plain = copy.deepcopy(rows.collect(seen["batch"]["sampling_per_token_logps"]))
     plain[(0, 1)][0] = float("nan")
-    contexts = trainer.last_step.privileged_info or trainer._privileged_info(trajectories)
+    contexts = trainer.last_step.privileged_info or trainer._privileged_info(seen["step"])
     gaps = trainer._teacher_gaps(trajectories, trainer._turn_contexts(trajectories, contexts), plain)
     assert (0, 1) not in gaps and (0, 0) in gaps
     mode = "train" if trainer.model.training else "eval"

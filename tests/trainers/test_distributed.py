@@ -47,7 +47,7 @@ def test_two_processes_give_the_same_weights_as_one(tmp_path, tiny_model_dir):
 
 def test_an_outcome_method_gives_the_same_credit_on_two_processes_as_on_one(tmp_path, tiny_model_dir):
     """GiGPO's anchor-state groups span the group's four siblings, two on each process: the hook sees the whole
-    batch (``StepView.batch_trajectories``) and each process keeps its own two trajectories' credit."""
+    batch (``StepView.everything``) and each process keeps its own two trajectories' credit."""
     game = generate_games(tmp_path / "games", per_type=1, seed=0, split="train", task_types=["pick_and_place_simple"])[0]
     single, double = tmp_path / "one" / "a.json", tmp_path / "two" / "a.json"
     single.parent.mkdir()

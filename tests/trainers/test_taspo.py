@@ -134,7 +134,7 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
     seen: list = []
 
     def capture(step):  # the step's credit inputs; its own credit is not needed
-        seen.append((step.trajectories, step.advantages, step.rows))
+        seen.append((step.trajectories, step.advantages, step.rows, step))
         return [[1.0] * t.num_turns for t in step.trajectories]
 
     monkeypatch.setattr(trainer, "turn_weights", capture)
@@ -143,12 +143,12 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
     finally:
         trainer.close()
     monkeypatch.undo()
-    trajectories, advantages, rows = seen[0]
+    trajectories, advantages, rows, step = seen[0]
     model.train()  # as during a training step
     modes = {name: module.training for name, module in model.named_modules()}
     assert any("lora_dropout" in name for name in modes)
 
-    pi = [text if a != 0 else "" for text, a in zip(trainer._privileged_info(trajectories), advantages.tolist())]
+    pi = [text if a != 0 else "" for text, a in zip(trainer._privileged_info(step), advantages.tolist())]
     assert any(pi)
 
     def shifts():
