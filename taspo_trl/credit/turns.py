@@ -3,8 +3,9 @@ value is a number for all of its policy tokens or a list with one number per res
 unit, AlignOPSD's ablation B, the teacher methods' per-token terms).
 
 ``TurnCredit`` holds that nested shape once, so the trainers read it through its methods (``flat``,
-``turn_means``, ``scaled``; ``add_to_tokens`` adds a per-token term) rather than each checking which kind of value a turn has. It is a
-``list`` of per-trajectory lists, so indexing, ``len`` and comparison with plain nested lists work as before.
+``turn_means``, ``scaled``; ``add_to_tokens`` adds a per-token term) rather than each checking which kind of value a
+turn has. It is a ``list`` of per-trajectory lists, so indexing, ``len`` and comparison with plain nested lists work
+as before.
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class TurnCredit(list):
 
     def __init__(self, per_trajectory: Iterable[Iterable[TurnValue]] = ()) -> None:
         super().__init__([_turn_value(value) for value in turns] for turns in per_trajectory)
+
+    @classmethod
+    def of(cls, credit: Iterable[Iterable[TurnValue]]) -> TurnCredit:
+        """``credit`` itself when it already is a ``TurnCredit`` (what the built-in hooks return), else converted."""
+        return credit if isinstance(credit, TurnCredit) else cls(credit)
 
     @classmethod
     def uniform(cls, turn_counts: Iterable[int], value: float = 1.0) -> TurnCredit:

@@ -402,7 +402,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
     def turn_advantages(self, step: StepView) -> TurnCredit:
         """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
         :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
-        weights = TurnCredit(self.turn_weights(step))
+        weights = TurnCredit.of(self.turn_weights(step))
         self._log_weight_range(weights, self.metrics_mode)
         return weights.scaled(step.advantages.tolist())
 
@@ -687,7 +687,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
         step = StepView(trajectories, advantages, rows, batch, rewards, first=first,
                         batch_advantages=all_advantages.cpu(), everything=everything)
-        per_turn_advantage = TurnCredit(self.turn_advantages(step))
+        per_turn_advantage = TurnCredit.of(self.turn_advantages(step))
         if [len(turns) for turns in per_turn_advantage] != [t.num_turns for t in trajectories]:
             raise ValueError(f"{type(self).__name__}.turn_advantages must give each trajectory one value per turn "
                              f"({[t.num_turns for t in trajectories]} turns), got {[len(a) for a in per_turn_advantage]}.")

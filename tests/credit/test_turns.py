@@ -18,6 +18,13 @@ def test_it_is_the_nested_list_it_was_given_with_numbers_made_floats():
     assert TurnCredit(NESTED) == NESTED and len(TurnCredit(NESTED)) == 2
 
 
+def test_of_keeps_a_turn_credit_and_converts_nested_lists():
+    credit = TurnCredit(NESTED)
+    assert TurnCredit.of(credit) is credit
+    converted = TurnCredit.of([[1, 2]])
+    assert type(converted) is TurnCredit and converted == [[1.0, 2.0]]
+
+
 def test_uniform_gives_the_value_on_every_turn():
     assert TurnCredit.uniform([2, 0, 1]) == [[1.0, 1.0], [], [1.0]]
     assert TurnCredit.uniform([1], 0.0) == [[0.0]]
