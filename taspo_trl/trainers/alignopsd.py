@@ -259,31 +259,69 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
     def turn_advantages(self, step: StepView) -> TurnCredit:
         """A_i w_it (+ the invalid-action residual) of every turn, per token in ablation B: the module
-        docstring's steps 1-7. ``last_step`` keeps the weights, spans and skills."""
+        docstring's steps 1-7. ``last_step`` keeps the weights, spans and skills. Lists over the whole batch are
+        indexed like ``step.everything``; ``step.local`` slices out this process's trajectories."""
         args = self.args
-        trajectories, rows = step.trajectories, step.rows
-        local, first = len(trajectories), step.first
-        everything = step.everything
-        groups: dict[int, list[int]] = {}
-        for j, trajectory in enumerate(everything):
-            groups.setdefault(trajectory.group, []).append(j)
+        everything, groups = step.everything, step.groups
         outcome = self._outcome_advantages(everything, groups, step)
+        mine = outcome[step.local]
 
         skills = skill_contexts(self.skill_bank, everything, args.skill_top_k)
         contexts = teacher_contexts(skills)  # no skill still gives a teacher, as in the official trainer
+        correspondences, threshold, seconds = self._match(step, groups, outcome, contexts)
+
+        started = time.perf_counter()
+        # SDAR's auxiliary term needs the diagonal teacher on every trajectory, moving or not.
+        targets = [i for i, a in enumerate(mine) if a != 0]
+        scored = set(range(len(mine))) if args.sdar_aux else set(targets)
+        target_contexts = [c if i in scored else "" for i, c in enumerate(contexts[step.local])]
+        diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
+        plain_turns = step.rows.collect(plain)
+        corrected, cross_views, alphas = self._corrected_gaps(
+            step, targets, contexts, correspondences, diagonal_gaps, plain_turns
+        )
+        seconds += (time.perf_counter() - started,)
+
+        seeds = _trajectory_order(everything)[step.local]
+        weights, spans = TurnCredit(), []
+        for i, trajectory in enumerate(step.trajectories):
+            if i in corrected:
+                w, s = self._allocate(trajectory, corrected[i], float(mine[i]), correspondences[trajectory.group],
+                                      step.first + i, threshold, seeds[i])
+            else:
+                w, s = [1.0] * trajectory.num_turns, ([(0, trajectory.num_turns)] if trajectory.num_turns else [])
+            weights.append(w)
+            spans.append(s)
+        residuals = self._invalid_residuals(step, self._episode_rewards(everything, step), groups)
+
+        self.last_step.weights, self.last_step.spans = weights, spans
+        self.last_step.skill_texts = skills[step.local]
+        self._log_weight_range(weights, step.mode)
+        self._log_alignment(correspondences, spans, alphas, seconds, cross_views, threshold)
+        advantages = weights.scaled([float(a) for a in mine], residuals)
+        if args.sdar_aux:
+            self._add_sdar_auxiliary(advantages, diagonal_gaps, plain_turns)
+        return advantages
+
+    def _match(
+        self, step: StepView, groups: dict[int, list[int]], outcome: list[float], contexts: list[str]
+    ) -> tuple[dict[int, GroupCorrespondence], float, tuple[float, float]]:
+        """Steps 2-3 and the span threshold of step 6: teacher responses under p_x in the groups whose credit
+        moves (and those the threshold pools), each group's correspondence, and the batch's span threshold; with
+        the seconds of the teacher generation and of the encoder and matching."""
+        args = self.args
         # Credit moves only in groups with a nonzero advantage (a zero advantage stays zero under any weights); the
         # span threshold may pool every group's distances, which needs the teacher there too.
         moving = {g for g, members in groups.items() if any(outcome[j] != 0 for j in members)}
         matched = self._matched_groups(groups, moving)
-        targets = [i for i in range(local) if outcome[first + i] != 0]
         started = time.perf_counter()
-        teacher = self._teacher_responses(everything, first, local, contexts, matched)
+        teacher = self._teacher_responses(step, contexts, matched)
         teacher_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
         correspondences = {
             g: group_correspondence(
-                everything, members, teacher, self.encoder, threshold=args.similarity_threshold,
+                step.everything, members, teacher, self.encoder, threshold=args.similarity_threshold,
                 top_k=args.source_top_k, action_filter=args.action_filter, action_threshold=args.action_threshold,
                 profile_temperature=args.profile_temperature, profile_distance=args.profile_distance,
             )
@@ -297,41 +335,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             torch.cat([c.boundary_valid for c in computed]) if computed else torch.zeros(0, dtype=torch.bool),
             args.segmentation_quantile, args.segmentation_threshold_min, args.segmentation_threshold_max,
         )
-        encoder_seconds = time.perf_counter() - started
-
-        started = time.perf_counter()
-        # SDAR's auxiliary term needs the diagonal teacher on every trajectory, moving or not.
-        wanted = set(range(local)) if args.sdar_aux else set(targets)
-        target_contexts = [contexts[first + i] if i in wanted else "" for i in range(local)]
-        diagonal_gaps, plain = self._privileged_shifts(step, target_contexts, action_only=False)
-        plain_turns = rows.collect(plain)
-        corrected, cross_views, alphas = self._corrected_gaps(
-            targets, first, everything, contexts, correspondences, diagonal_gaps, plain_turns
-        )
-        rescoring_seconds = time.perf_counter() - started
-
-        seeds = _trajectory_order(everything)
-        weights, spans = TurnCredit(), []
-        for i, trajectory in enumerate(trajectories):
-            if i in corrected:
-                c = correspondences[trajectory.group]
-                w, s = self._allocate(
-                    trajectory, corrected[i], float(outcome[first + i]), c, first + i, threshold, seeds[first + i]
-                )
-            else:
-                w, s = [1.0] * trajectory.num_turns, ([(0, trajectory.num_turns)] if trajectory.num_turns else [])
-            weights.append(w)
-            spans.append(s)
-        residuals = self._invalid_residuals(everything, self._episode_rewards(everything, step), groups, first, local)
-
-        self.last_step.weights, self.last_step.spans = weights, spans
-        self.last_step.skill_texts = skills[step.local]
-        self._log_weight_range(weights, self.metrics_mode)
-        self._log_alignment(correspondences, spans, alphas, (teacher_seconds, encoder_seconds, rescoring_seconds), cross_views, threshold)
-        advantages = weights.scaled([float(outcome[first + i]) for i in range(local)], residuals)
-        if args.sdar_aux:
-            self._add_sdar_auxiliary(advantages, diagonal_gaps, plain_turns)
-        return advantages
+        return correspondences, threshold, (teacher_seconds, time.perf_counter() - started)
 
     def _add_sdar_auxiliary(
         self,
@@ -425,7 +429,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             engine.max_completion_length = saved
 
     def _teacher_responses(
-        self, everything: list[Trajectory], first: int, local: int, contexts: list[str], matched: set[int]
+        self, step: StepView, contexts: list[str], matched: set[int]
     ) -> dict[tuple[int, int], tuple[str, str]]:
         """(thinking, action) of one teacher response per turn of every trajectory in a ``matched`` group (official
         ``_generate_teacher_responses``): generated under p_x by the rollout backend with the rollout's sampling
@@ -433,7 +437,8 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         process, when no group is matched (every process sees the same batch)."""
         if not matched:
             return {}
-        wanted = [first + i for i in range(local) if everything[first + i].group in matched]
+        everything = step.everything
+        wanted = [j for j in range(len(everything))[step.local] if everything[j].group in matched]
         prompts, keys = teacher_prompts(everything, wanted, contexts, self.chat)
         generator = generator_for_trainer(self, batch_size=self.args.rollout_batch_size)
         if hasattr(generator, "max_new_tokens"):
@@ -447,23 +452,23 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
 
     def _corrected_gaps(
         self,
+        step: StepView,
         targets: list[int],
-        first: int,
-        everything: list[Trajectory],
         contexts: list[str],
         correspondences: dict[int, GroupCorrespondence],
         diagonal_gaps: dict[tuple[int, int], torch.Tensor],
         plain_turns: dict[tuple[int, int], torch.Tensor],
     ) -> tuple[dict[int, list[torch.Tensor | None]], int, list[float]]:
-        """Official ``combine_cross_teacher_scores`` for every turn of the local targets: the corrected gap per
-        response token (None for a turn that was not scored), the number of cross views scored, and alpha of every
-        matched turn. Every process
-        scores, even nothing: the pass may be collective."""
-        args = self.args
+        """Official ``combine_cross_teacher_scores`` for every turn of ``targets`` (this process's trajectories, by
+        their index in ``step.trajectories``): the corrected gap per response token (None for a turn that was not
+        scored), the number of cross views scored, and alpha of every matched turn. Every process scores, even
+        nothing: the pass may be collective."""
+        args, everything = self.args, step.everything
         alpha_max = 0.0 if args.ablation == "A" else args.alpha_max
         requests, owners = [], []
         for i in targets if alpha_max > 0 else []:
-            views, view_owners = cross_view_requests(correspondences[everything[first + i].group], first + i, everything, contexts, self.chat)
+            j = step.first + i
+            views, view_owners = cross_view_requests(correspondences[everything[j].group], j, everything, contexts, self.chat)
             requests += views
             owners += [(i, t, source) for t, source in view_owners]
         with self._scoring_passes():
@@ -475,9 +480,9 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         alphas: list[float] = []
         out: dict[int, list[torch.Tensor | None]] = {}
         for i in targets:
-            c = correspondences[everything[first + i].group]
+            c = correspondences[step.trajectories[i].group]
             gaps: list[torch.Tensor | None] = []
-            for row in c.rows_of(first + i):
+            for row in c.rows_of(step.first + i):
                 t = c.keys[row][1]
                 local_gap, student = diagonal_gaps.get((i, t)), plain_turns.get((i, t))
                 if local_gap is None or student is None:
@@ -554,26 +559,26 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             weights[t] = value
         return weights, spans
 
-    def _invalid_residuals(
-        self, everything: list[Trajectory], rewards: torch.Tensor, groups: dict[int, list[int]], first: int, local: int
-    ) -> list[list[float]]:
-        """Official ``compute_invalid_action_advantage_residual`` of every local turn, over each task group's turn
-        rows (every group, whether or not its credit moves); rows of an unscorable (NaN) reward are left out."""
-        args = self.args
-        out = [[0.0] * everything[first + i].num_turns for i in range(local)]
+    def _invalid_residuals(self, step: StepView, rewards: torch.Tensor, groups: dict[int, list[int]]) -> list[list[float]]:
+        """Official ``compute_invalid_action_advantage_residual`` of every turn of this process, over each task
+        group's turn rows (every group, whether or not its credit moves); rows of an unscorable (NaN) reward are
+        left out. ``rewards`` and ``groups`` index ``step.everything``."""
+        args, everything = self.args, step.everything
+        out = [[0.0] * trajectory.num_turns for trajectory in step.trajectories]
         if args.invalid_action_coef == 0:
             return out
+        mine = range(len(everything))[step.local]
         for members in groups.values():
             keys = [(j, t) for j in members if not bool(torch.isnan(rewards[j])) for t in range(everything[j].num_turns)]
-            if not any(first <= j < first + local for j, _ in keys):
+            if not any(j in mine for j, _ in keys):
                 continue
             residual = invalid_action_residual(
                 [float(rewards[j]) for j, _ in keys], [not everything[j].turns[t].action_valid for j, t in keys],
                 args.invalid_action_coef, args.advantage_epsilon, scale=self.scale_rewards != "none",
             )
             for (j, t), value in zip(keys, residual.tolist()):
-                if first <= j < first + local:
-                    out[j - first][t] = value
+                if j in mine:
+                    out[j - step.first][t] = value
         return out
 
     def _log_alignment(

@@ -407,7 +407,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         else:
             out = self._teacher_credit(method, step)
         if method.metrics is not None:
-            metrics = self._metrics[self.metrics_mode]
+            metrics = self._metrics[step.mode]
             for name, value in method.metrics(self.args, self.state.global_step).items():
                 metrics[name].append(value)
         return out
@@ -431,7 +431,7 @@ class BaselineTrainer(AgentGRPOTrainer):
         if method.teacher == "external":
             return Guidance([""] * len(step.trajectories), [{} for _ in step.trajectories], {})
         args = self.args
-        mode = self.metrics_mode
+        mode = step.mode
         guidance = build_privileged_context(
             step.everything,
             step.local,
@@ -456,7 +456,7 @@ class BaselineTrainer(AgentGRPOTrainer):
     def _teacher_credit(self, method: CreditMethod, step: StepView) -> TurnCredit:
         """Score every turn under the teacher, then call the method once per trajectory on its gaps."""
         trajectories, advantages = step.trajectories, step.advantages
-        metrics = self._metrics[self.metrics_mode]
+        metrics = self._metrics[step.mode]
         contexts, step_skills, _ = self._guidance(step, method)
         self.last_step.privileged_info, self.last_step.step_skills = contexts, step_skills
         self._sync_teacher()

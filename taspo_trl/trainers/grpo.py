@@ -403,7 +403,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         """Per-turn advantages (a float, or one per response token). Default: ``A_i * w_it`` from
         :meth:`turn_weights`. Methods whose credit is additive (OPID, GiGPO, distillation terms) override this."""
         weights = TurnCredit.of(self.turn_weights(step))
-        self._log_weight_range(weights, self.metrics_mode)
+        self._log_weight_range(weights, step.mode)
         return weights.scaled(step.advantages.tolist())
 
     # ---- one step ----------------------------------------------------------------------------------------
@@ -686,7 +686,7 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
         # 5. Method credit: every policy token of turn t gets its advantage (A_i * w_it for the redistribution
         #    methods) and the Eq. 7 balancing weight 1 / (T_i |R_it|) (a fractional token mask on TRL's "dapo" loss).
         step = StepView(trajectories, advantages, rows, batch, rewards, first=first,
-                        batch_advantages=all_advantages.cpu(), everything=everything)
+                        batch_advantages=all_advantages.cpu(), everything=everything, mode=mode)
         per_turn_advantage = TurnCredit.of(self.turn_advantages(step))
         if [len(turns) for turns in per_turn_advantage] != [t.num_turns for t in trajectories]:
             raise ValueError(f"{type(self).__name__}.turn_advantages must give each trajectory one value per turn "

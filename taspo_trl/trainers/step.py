@@ -35,6 +35,7 @@ class StepView:
             this process); defaults to ``advantages`` (one process).
         everything: every process's trajectories of the step, in process order, gathered once by the step (a
             hook never gathers); defaults to ``trajectories`` (one process).
+        mode: "train" or "eval": the key of TRL's ``_metrics`` that a hook logs this step's metrics to.
     """
 
     trajectories: list[Trajectory]
@@ -45,6 +46,7 @@ class StepView:
     first: int = 0
     batch_advantages: torch.Tensor | None = None
     everything: list[Trajectory] | None = field(default=None, repr=False)
+    mode: str = "train"
 
     def __post_init__(self) -> None:
         if self.batch_advantages is None:
@@ -56,6 +58,14 @@ class StepView:
     def local(self) -> slice:
         """Where this process's trajectories sit in ``everything`` (and in any list over the whole batch)."""
         return slice(self.first, self.first + len(self.trajectories))
+
+    @property
+    def groups(self) -> dict[int, list[int]]:
+        """The members of each task group: positions in ``everything``, by the group id of their trajectories."""
+        members: dict[int, list[int]] = {}
+        for j, trajectory in enumerate(self.everything):
+            members.setdefault(trajectory.group, []).append(j)
+        return members
 
 
 @dataclass

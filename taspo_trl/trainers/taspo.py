@@ -103,7 +103,7 @@ class TASPOTrainer(AgentGRPOTrainer):
         ``last_step`` keeps the PI and the weights."""
         args = self.args
         trajectories, advantages = step.trajectories, step.advantages
-        mode = self.metrics_mode
+        mode = step.mode
         metrics = self._metrics[mode]
 
         pi_texts = self._privileged_info(step)
@@ -165,7 +165,7 @@ class TASPOTrainer(AgentGRPOTrainer):
 
     def _privileged_info(self, step: StepView) -> list[str]:
         """PI for this process's trajectories of ``step``, identical on every process (``build_privileged_context``)."""
-        mode = self.metrics_mode
+        mode = step.mode
         guidance = build_privileged_context(
             step.everything,
             step.local,

@@ -278,7 +278,7 @@ def test_turn_scope_advantage_and_invalid_residual_in_the_trainer(tmp_path, tiny
         # The episode reward as the official environments pay it: 10 per win.
         want = group_outcome_advantage(10 * step.rewards.double(), [t.num_turns for t in step.trajectories], "turn", 1e-6)
         assert outcome == pytest.approx(want.tolist(), abs=1e-12)
-        residuals = trainer._invalid_residuals(step.trajectories, 10 * step.rewards.double(), groups, 0, len(step.trajectories))
+        residuals = trainer._invalid_residuals(step, 10 * step.rewards.double(), groups)
     finally:
         trainer.close()
     # Hand: normalise the turn rows' rewards (10 per win) with and without the 0.1 penalty on invalid rows.

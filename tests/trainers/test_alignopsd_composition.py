@@ -31,7 +31,7 @@ from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.privileged.alignopsd import NO_SKILLS
 from taspo_trl.rollout.generation import Generation
 from taspo_trl.rollout.records import Trajectory, Turn
-from taspo_trl.trainers.step import LastStep
+from taspo_trl.trainers.step import LastStep, StepView
 from tests.helpers.alignopsd_reference import (
     cosine,
     corrected_gap,
@@ -173,8 +173,8 @@ def _host(tmp_path, monkeypatch, sc, contexts=None, group_order=(0, 1, 2), **ove
     given = contexts or (lambda trajectories: [f"[Skills]\n- skill of {t.task}\n[End Skills]" for t in trajectories])
     monkeypatch.setattr(alignopsd_module, "skill_contexts", lambda bank, trajectories, k: given(trajectories))
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    step = SimpleNamespace(trajectories=trajectories, rows=SimpleNamespace(collect=lambda plain: plain), rewards=rewards,
-                           first=0, everything=list(trajectories), local=slice(0, len(trajectories)))
+    step = StepView(trajectories, torch.zeros(len(trajectories)), SimpleNamespace(collect=lambda plain: plain), {},
+                    rewards=rewards)
     return host, step, index, prompts_seen
 
 
