@@ -42,7 +42,8 @@ from ..privileged.context import (
 from ..privileged.protocol import DEFAULT_MAX_STEP_SKILLS
 from ..privileged.rescoring import privileged_prompt_ids, score_continuations
 from ..rollout.records import Trajectory
-from .grpo import AgentGRPOConfig, AgentGRPOTrainer, dropout_off
+from .grpo import AgentGRPOConfig, AgentGRPOTrainer
+from .scoring import dropout_off
 from .step import StepView
 
 logger = logging.getLogger(__name__)

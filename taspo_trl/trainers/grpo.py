@@ -18,6 +18,10 @@ TRL then cuts the batch into micro-batches (``_prepare_inputs``); when the loss 
 repacked (``packing.repack``): rows whose loss is zero (with ``beta = 0``: every row whose advantages are all 0,
 e.g. all rows of a group without any success) are left out of the forward and backward passes, and the rest
 are grouped by length and stripped of padding.
+
+This module holds the config and the step. The trainer's other jobs are mixins in their own modules: the no-grad
+scoring passes the credit methods share (``scoring.ScoringPasses``), the repacking of micro-batches
+(``packing.MicroBatchRepacking``), checkpoint saving and the model card.
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,11 +53,10 @@ from ..envs.trl_style import (
 )
 from ..model_card import AgentModelCard
 from ..precision import resolve_config_precision
-from ..privileged.rescoring import privileged_token_shifts, rescored_rows, score_continuations
 from ..privileged.skillbank import SkillBank, add_skill_guidance
 from ..rollout.chat import ChatFormat
 from ..rollout.env_pool import EnvPool
-from ..rollout.generation import generator_for_trainer, sampling_autocast_dtype, trainer_compute_copy
+from ..rollout.generation import generator_for_trainer
 from ..rollout.layouts import Rows, build_rows
 from ..rollout.loop import LAYOUTS, run_agent_loop
 from ..rollout.records import Trajectory
@@ -65,9 +66,10 @@ from ..run_contract import (
     run_length_notes,
 )
 from ..warmstart import resolve_policy_path
-from .packing import merge, micro_batch_sizes, repack
+from .packing import MicroBatchRepacking
 from .reward_checks import checked_reward_funcs
 from .sampling import EpochReplaySampler
+from .scoring import ScoringPasses, vllm_importance_sampling_ratio
 from .step import LastStep, StepView
 from .trl_config import adopt_activation_checkpointing
 
@@ -299,7 +301,7 @@ def environment_reward(completions: list, env_reward: list[float], **kwargs: Any
     return [float(r) for r in env_reward]
 
 
-class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
+class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, ScoringPasses, MicroBatchRepacking, GRPOTrainer):
     """`trl.GRPOTrainer` for multi-turn agents; called exactly like it, plus an optional `env_factory`.
 
     Dataset rows name their task in the `prompt` column as a JSON object (`encode_task_prompt`, or an
@@ -408,229 +410,9 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, GRPOTrainer):
 
     # ---- one step ----------------------------------------------------------------------------------------
 
-    def _snapshot_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
-        """log pi_old of the last ``logits_to_keep`` tokens (no grad by the caller): until the update of this
-        step, the current weights are the rollout snapshot. Runs through TRL's chunked log-prob function, so LoRA,
-        DeepSpeed and the fused LM head behave as in the loss, with dropout off (``dropout_off``)."""
-        device = self.accelerator.device
-        with dropout_off(self.model):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids.to(device),
-                attention_mask.to(device),
-                logits_to_keep,
-                batch_size=self.rescore_batch_size,
-            )
-        return logps
-
-    @contextmanager
-    def _scoring_passes(self) -> Iterator[None]:
-        """One no-grad autocast region around a step's scoring forwards (each chunk of ``_snapshot_logprobs`` opens
-        its own inside it). On CPU those forwards run the sampler's ``ComputeDtypeCopy``, whose linear weights are
-        already in the compute dtype, so no chunk re-casts them; the weights do not change between the passes of a
-        step."""
-        with torch.no_grad(), self.accelerator.autocast():
-            yield
-
-    def _plain_logprobs(self, step: StepView, needed: Sequence[int], min_rows: int = 0) -> torch.Tensor:
-        """log pi_old(y | h) of the completion tokens of ``step.batch`` (float32 on the CPU, shaped like
-        ``batch["completion_ids"]``): the ONE plain reference that every privileged, aligned and teacher gap of a
-        step subtracts. Only the rows in ``needed`` are sure to hold values; the others may be NaN.
-
-        Those passes score the snapshot through :meth:`_snapshot_logprobs` (this trainer's forward, dropout off),
-        so the plain side must be that same forward: any offset between two log-prob sources (vLLM against
-        transformers, dropout noise) would otherwise become part of the gaps, and of some gaps only where two of
-        them used different sources. TRL's ``old_per_token_logps`` are that forward when TRL computed them and no
-        dropout is active; the sampling log-probs are when the transformers backend sampled in full precision (in
-        eval mode, with the same weights). In the remaining cases the ``needed`` rows are scored once more, the way
-        the privileged pass scores them (``score_continuations``: unpadded rows in length-sorted chunks, at least
-        ``min_rows`` forwards so that processes stay in step): vLLM's log-probs without a recomputation, a
-        recomputation that ran with dropout, and sampling under bf16/fp16 autocast, whose token-by-token decoding
-        rounds differently from a forward over the whole row. Rows no gap reads (a failed group's) cost nothing."""
-        batch, rows = step.batch, step.rows
-        old = batch.get("old_per_token_logps")
-        if old is not None and not _dropout_is_active(self.model):
-            return old.float().cpu()
-        if old is None and not self.use_vllm and sampling_autocast_dtype(self.args) is None:
-            return batch["sampling_per_token_logps"].float().cpu()
-        scored = score_continuations(
-            [(rows.prompt_ids[r], rows.completion_ids[r]) for r in needed],
-            self._snapshot_logprobs,
-            self._tokenizer.pad_token_id,
-            min_rows,
-            self.rescore_batch_size,
-        )
-        plain = torch.full(tuple(batch["completion_ids"].shape), float("nan"))
-        for r, logps in zip(needed, scored):
-            plain[r, : len(logps)] = logps
-        return plain
-
-    def _privileged_shifts(
-        self, step: StepView, contexts: Sequence[str], action_only: bool = True
-    ) -> tuple[dict[tuple[int, int], torch.Tensor], torch.Tensor]:
-        """Eq. 3 shifts of every turn whose trajectory has a non-empty entry in ``contexts`` (``privileged_token_shifts``:
-        the action span, or the whole response with ``action_only=False``), and the plain log-probs they subtract.
-
-        Both passes cover the rescored rows only, in one autocast region, with as many forwards on every process;
-        without a rescored row anywhere (an all-fail step) neither runs a forward."""
-        rescored = rescored_rows(step.rows, contexts)
-        rescored_anywhere = self._max_over_processes(len(rescored))
-        with self._scoring_passes():
-            plain = self._plain_logprobs(step, rescored, rescored_anywhere)
-            shifts = privileged_token_shifts(
-                step.rows,
-                step.trajectories,
-                contexts,
-                self.chat,
-                self._snapshot_logprobs,
-                plain,
-                self._tokenizer.pad_token_id,
-                min_rows=rescored_anywhere,
-                action_only=action_only,
-                batch_size=self.rescore_batch_size,
-            )
-        return shifts, plain
-
-    def _get_per_token_logps_and_entropies(
-        self,
-        model: Any,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        batch_size: int | None = None,
-        compute_entropy: bool = False,
-        compute_aux_loss: bool = False,
-        **multimodal: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """TRL's log-probs (and entropies) of the last ``logits_to_keep`` tokens, computed on CPU from those
-        positions' logits only.
-
-        TRL's fused log-prob head projects every position of the row through the LM head where Triton is
-        unavailable (so that tile shapes stay fixed), prompt and padding included, and keeps only the
-        completion's. On a turn-layout row the prompt is most of the row, so on CPU the head's projection,
-        softmax and their backward dominate; here the model returns the ``logits_to_keep + 1`` needed logits
-        and the same quantities follow: log_softmax(logits / temperature) at each token, its entropy, 0 at
-        unattended positions. GPUs, router losses and multimodal inputs keep TRL's path."""
-        if (
-            input_ids.device.type != "cpu"
-            or compute_aux_loss
-            or self.args.cast_lm_head_to_fp32
-            or any(value is not None for value in multimodal.values())
-        ):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal,
-            )
-        scoring = not torch.is_grad_enabled() and model is self.model and not _dropout_is_active(model)
-        copier = trainer_compute_copy(self) if scoring else None
-        if copier is not None:  # a no-grad pass of the current weights: the sampler's compute-dtype copy, same numbers
-            model = copier.of(self.accelerator.unwrap_model(model))
-        step = batch_size or input_ids.size(0)
-        logps, entropies = [], []
-        for start in range(0, input_ids.size(0), step):
-            ids, mask = input_ids[start : start + step], attention_mask[start : start + step]
-            with self.accelerator.autocast():
-                logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1, use_cache=False).logits
-            log_probs = (logits[:, :-1].float() / self.temperature).log_softmax(-1)
-            unattended = mask[:, -logits_to_keep:] == 0
-            logps.append(log_probs.gather(-1, ids[:, -logits_to_keep:, None]).squeeze(-1).masked_fill(unattended, 0.0))
-            if compute_entropy:
-                entropies.append((-(log_probs.exp() * log_probs).sum(-1)).masked_fill(unattended, 0.0))
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
-
-    @property
-    def rescore_batch_size(self) -> int:
-        return self.args.rescore_batch_size or self.args.per_device_train_batch_size
-
-    def _max_over_processes(self, value: int) -> int:
-        """Processes must run the same number of forward passes (DeepSpeed ZeRO-3 gathers weights collectively),
-        so per-process row counts that differ (``turn`` layout) are padded to the largest."""
-        if self.accelerator.num_processes == 1:
-            return value
-        return int(self.accelerator.gather(torch.tensor([value], device=self.accelerator.device)).max().item())
-
     def _any_process_live(self, local_live: bool) -> bool:
         flag = torch.tensor([1.0 if local_live else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(flag).sum().item() > 0)
-
-    # ---- micro-batches -----------------------------------------------------------------------------------
-
-    @property
-    def _loss_is_row_sum(self) -> bool:
-        """Whether TRL's loss over the micro-batches of one optimizer step is a sum of per-row terms over a
-        normaliser fixed for the whole generation batch, so rows may move between those micro-batches and a row
-        whose terms are all 0 may be left out. True for the dapo / cispo / vespo losses (``num_items_in_batch``)
-        unless a per-micro-batch quantity enters: the entropy bonus (a micro-batch mean), the top-entropy token
-        mask (a quantile over the micro-batch) or a mixture-of-experts router loss. The grpo / bnpo / dr_grpo /
-        luspo / sapo losses average over each micro-batch's own rows or tokens."""
-        return (
-            self.loss_type in ("dapo", "cispo", "vespo")
-            and not self._entropy_bonus_enabled
-            and self.top_entropy_quantile >= 1.0
-            and not self.aux_loss_enabled
-        )
-
-    @property
-    def _zero_advantage_rows_skippable(self) -> bool:
-        """Whether a row whose advantages are all 0 has a zero gradient: its policy term is A times a ratio and
-        A = 0; with ``beta = 0`` no KL term remains. The distillation baselines put their distillation term into
-        the advantages (``credit.distillation.gradient_equivalent_advantages``), so it is covered by the same
-        test; no trainer here adds a loss term of its own."""
-        return self._loss_is_row_sum and self.beta == 0.0
-
-    def _exchange_window(self) -> int:
-        """How many consecutive micro-batches of one generation are summed into the same optimizer step."""
-        accumulation, per_generation = self.args.gradient_accumulation_steps, self.args.steps_per_generation
-        if accumulation % per_generation == 0:
-            return per_generation
-        if per_generation % accumulation == 0:
-            return accumulation
-        return 1  # windows straddle generations: rows stay in their own micro-batch
-
-    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
-        """TRL's micro-batch; in training, TRL's micro-batches of each new generation batch are repacked once."""
-        if not self.model.training:
-            return super()._prepare_inputs(generation_batch)
-        fresh = self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None
-        inputs = super()._prepare_inputs(generation_batch)
-        if not fresh:
-            return inputs
-        self._buffered_inputs = self._repacked(self._buffered_inputs)
-        return self._buffered_inputs[self._step % self.args.steps_per_generation]
-
-    def _repacked(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``micro_batches`` repacked window by window (``packing.repack``). Rows without any token in the loss
-        mask (layout padding) and, when exact, rows whose advantages are all 0 are left out. When the loss is not
-        a row sum, every row stays in its micro-batch and only padding columns go."""
-        row_sum = self._loss_is_row_sum
-        window = self._exchange_window() if row_sum else 1
-        windows, keeps = [], []
-        skipped = real = 0
-        for start in range(0, len(micro_batches), window):
-            part = micro_batches[start : start + window]
-            merged = merge(part)
-            in_loss = merged["completion_mask"] * merged["tool_mask"] > 0
-            is_real = in_loss.any(1)
-            if not row_sum:
-                keep = torch.ones_like(is_real)
-            elif self._zero_advantage_rows_skippable:
-                keep = (in_loss & (merged["advantages"] != 0)).any(1)
-            else:
-                keep = is_real
-            skipped += int((is_real & ~keep).sum())
-            real += int(is_real.sum())
-            windows.append(part)
-            keeps.append(keep)
-        # Each window's micro-batch sizes follow the process with the most kept rows in it.
-        local = torch.tensor([[skipped, real] + [int(k.sum()) for k in keeps]], device=self.accelerator.device)
-        everywhere = self.accelerator.gather(local)
-        counts, most_kept = everywhere[:, :2].sum(0), everywhere[:, 2:].max(0).values.tolist()
-        out: list[dict[str, Any]] = []
-        for part, keep, rows in zip(windows, keeps, most_kept, strict=True):
-            out += repack(part, keep, micro_batch_sizes(rows, len(part)))
-        self._metrics["train"]["rows/skipped"].append(float(counts[0]))
-        self._metrics["train"]["rows/skipped_fraction"].append(float(counts[0]) / max(float(counts[1]), 1.0))
-        return out
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
@@ -924,70 +706,6 @@ def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> 
         return checked_reward_funcs(reward_funcs)
     given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
     return checked_reward_funcs(given) + [trl_env.reward_function()]
-
-
-@contextmanager
-def dropout_off(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode for a scoring pass, then every module's own mode back.
-
-    The rescoring passes compare log-probs of the same weights under two contexts; in train mode each pass would
-    draw its own dropout masks (a LoRA adapter's ``lora_dropout`` too) and that noise would go straight into the
-    gaps. Modes are restored module by module: a blanket ``train()`` would also switch on modules the caller
-    keeps in eval mode."""
-    modes = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes:
-            module.training = training
-
-
-def _dropout_is_active(model: torch.nn.Module) -> bool:
-    """Whether a forward of ``model`` in its current modes draws dropout: a dropout module with p > 0 (LoRA's
-    among them) or an attention layer with a dropout rate, which ``transformers`` applies functionally."""
-    return any(
-        module.training
-        and (
-            (isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0)
-            or (isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout > 0)
-        )
-        for module in model.modules()
-    )
-
-
-VLLM_IMPORTANCE_SAMPLING_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-def vllm_importance_sampling_ratio(
-    old_logps: torch.Tensor,
-    sampling_logps: torch.Tensor,
-    mask: torch.Tensor,
-    mode: str,
-    clip_min: float | None = None,
-    clip_max: float | None = None,
-) -> torch.Tensor:
-    """TRL's correction for the gap between the sampler (vLLM) and the trained model, ``pi_old / pi_sampler``,
-    with the semantics of TRL 1.16's ``vllm_importance_sampling_mode``.
-
-    ``token_*`` modes give one ratio per token ([B, T]); ``sequence_*`` modes one per row ([B, 1]), the product
-    of the row's token ratios (in the ``turn`` layout a row is one turn, in ``sequence`` one trajectory).
-    ``*_truncate`` clamps the ratio into [``clip_min``, ``clip_max``]; ``*_mask`` sets a ratio outside that
-    range to 0, so the token or row does not train. A bound that is None does not bound. Positions outside
-    ``mask`` (prompt padding, environment tokens) and tokens the sampler could not score (NaN) contribute a log
-    ratio of 0.
-    """
-    if mode not in VLLM_IMPORTANCE_SAMPLING_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of {VLLM_IMPORTANCE_SAMPLING_MODES}, got {mode!r}.")
-    log_ratio = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence"):
-        log_ratio = log_ratio.sum(-1, keepdim=True)
-    ratio = log_ratio.exp()
-    if mode.endswith("truncate"):
-        return ratio.clamp(min=clip_min, max=clip_max)
-    low = float("-inf") if clip_min is None else clip_min
-    high = float("inf") if clip_max is None else clip_max
-    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
 
 
 def _pad_right(values: list[list[float]] | list[list[int]], fill: float, device: Any, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 TRL pads a whole generation batch to its longest prompt and its longest completion, shuffles it and cuts it
 into ``steps_per_generation`` micro-batches, so every row of every micro-batch costs the batch's widest row,
 and a row whose loss is identically zero still costs a forward and a backward. When the loss is a sum of
-per-row terms over a normaliser fixed for the whole batch (see ``AgentGRPOTrainer._loss_is_row_sum``), the
+per-row terms over a normaliser fixed for the whole batch (see ``MicroBatchRepacking._loss_is_row_sum``), the
 micro-batches whose gradients are summed into one optimizer step may exchange rows and leave rows out without
 changing that sum. ``repack`` then rebuilds them:
 
@@ -126,3 +126,86 @@ def repack(micro_batches: list[Batch], keep: torch.Tensor, sizes: list[int]) -> 
             batch = merge([batch] + [widened] * (size - chunk.numel()))
         out.append(batch)
     return out
+
+
+class MicroBatchRepacking:
+    """``AgentGRPOTrainer``'s side of repacking (a mixin before TRL's ``GRPOTrainer`` in its bases): when the loss
+    allows it exactly, TRL's micro-batches of each new generation batch are repacked once (``repack``), window by
+    window of the micro-batches summed into one optimizer step."""
+
+    @property
+    def _loss_is_row_sum(self) -> bool:
+        """Whether TRL's loss over the micro-batches of one optimizer step is a sum of per-row terms over a
+        normaliser fixed for the whole generation batch, so rows may move between those micro-batches and a row
+        whose terms are all 0 may be left out. True for the dapo / cispo / vespo losses (``num_items_in_batch``)
+        unless a per-micro-batch quantity enters: the entropy bonus (a micro-batch mean), the top-entropy token
+        mask (a quantile over the micro-batch) or a mixture-of-experts router loss. The grpo / bnpo / dr_grpo /
+        luspo / sapo losses average over each micro-batch's own rows or tokens."""
+        return (
+            self.loss_type in ("dapo", "cispo", "vespo")
+            and not self._entropy_bonus_enabled
+            and self.top_entropy_quantile >= 1.0
+            and not self.aux_loss_enabled
+        )
+
+    @property
+    def _zero_advantage_rows_skippable(self) -> bool:
+        """Whether a row whose advantages are all 0 has a zero gradient: its policy term is A times a ratio and
+        A = 0; with ``beta = 0`` no KL term remains. The distillation baselines put their distillation term into
+        the advantages (``credit.distillation.gradient_equivalent_advantages``), so it is covered by the same
+        test; no trainer here adds a loss term of its own."""
+        return self._loss_is_row_sum and self.beta == 0.0
+
+    def _exchange_window(self) -> int:
+        """How many consecutive micro-batches of one generation are summed into the same optimizer step."""
+        accumulation, per_generation = self.args.gradient_accumulation_steps, self.args.steps_per_generation
+        if accumulation % per_generation == 0:
+            return per_generation
+        if per_generation % accumulation == 0:
+            return accumulation
+        return 1  # windows straddle generations: rows stay in their own micro-batch
+
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
+        """TRL's micro-batch; in training, TRL's micro-batches of each new generation batch are repacked once."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        fresh = self._step % (self.args.steps_per_generation * self.num_iterations) == 0 or self._buffered_inputs is None
+        inputs = super()._prepare_inputs(generation_batch)
+        if not fresh:
+            return inputs
+        self._buffered_inputs = self._repacked(self._buffered_inputs)
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _repacked(self, micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``micro_batches`` repacked window by window (``packing.repack``). Rows without any token in the loss
+        mask (layout padding) and, when exact, rows whose advantages are all 0 are left out. When the loss is not
+        a row sum, every row stays in its micro-batch and only padding columns go."""
+        row_sum = self._loss_is_row_sum
+        window = self._exchange_window() if row_sum else 1
+        windows, keeps = [], []
+        skipped = real = 0
+        for start in range(0, len(micro_batches), window):
+            part = micro_batches[start : start + window]
+            merged = merge(part)
+            in_loss = merged["completion_mask"] * merged["tool_mask"] > 0
+            is_real = in_loss.any(1)
+            if not row_sum:
+                keep = torch.ones_like(is_real)
+            elif self._zero_advantage_rows_skippable:
+                keep = (in_loss & (merged["advantages"] != 0)).any(1)
+            else:
+                keep = is_real
+            skipped += int((is_real & ~keep).sum())
+            real += int(is_real.sum())
+            windows.append(part)
+            keeps.append(keep)
+        # Each window's micro-batch sizes follow the process with the most kept rows in it.
+        local = torch.tensor([[skipped, real] + [int(k.sum()) for k in keeps]], device=self.accelerator.device)
+        everywhere = self.accelerator.gather(local)
+        counts, most_kept = everywhere[:, :2].sum(0), everywhere[:, 2:].max(0).values.tolist()
+        out: list[dict[str, Any]] = []
+        for part, keep, rows in zip(windows, keeps, most_kept, strict=True):
+            out += repack(part, keep, micro_batch_sizes(rows, len(part)))
+        self._metrics["train"]["rows/skipped"].append(float(counts[0]))
+        self._metrics["train"]["rows/skipped_fraction"].append(float(counts[0]) / max(float(counts[1]), 1.0))
+        return out

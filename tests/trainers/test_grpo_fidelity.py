@@ -15,7 +15,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
 from taspo_trl.rollout.layouts import build_rows
-from taspo_trl.trainers.grpo import VLLM_IMPORTANCE_SAMPLING_MODES, vllm_importance_sampling_ratio
+from taspo_trl.trainers.scoring import VLLM_IMPORTANCE_SAMPLING_MODES, vllm_importance_sampling_ratio
 from tests.helpers.cpu_config import cpu_trainer_kwargs
 from tests.helpers.toy_envs import locker_factory
 

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from trl.trainer.utils import pad
 
 import taspo_trl.trainers.grpo as grpo_module
+import taspo_trl.trainers.scoring as scoring_module
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import generate_games, task_spec_rows
 from taspo_trl.privileged.rescoring import privileged_token_shifts, privileged_user_text
@@ -167,13 +168,13 @@ def test_rescoring_with_lora_dropout_is_deterministic(tmp_path, tiny_model_dir, 
     with torch.no_grad():
         noisy, _, _ = trainer._get_per_token_logps_and_entropies(model, input_ids, attention, batch["completion_ids"].size(1))
     recorded: list = []
-    real = grpo_module.privileged_token_shifts
+    real = scoring_module.privileged_token_shifts
 
     def record(*args, **kwargs):
         recorded.append(real(*args, **kwargs))
         return recorded[-1]
 
-    monkeypatch.setattr(grpo_module, "privileged_token_shifts", record)
+    monkeypatch.setattr(scoring_module, "privileged_token_shifts", record)
     trainer.turn_weights(StepView(trajectories, advantages, rows, {**batch, "old_per_token_logps": noisy}))
     assert {name: module.training for name, module in model.named_modules()} == modes
     model.eval()
@@ -203,11 +204,11 @@ def test_bf16_sampling_rescores_the_plain_side_of_the_rescored_rows_only(tmp_pat
     step = steps[0]
     monkeypatch.setattr(trainer.args, "bf16", True)
     plain_rows: list[int] = []
-    score = grpo_module.score_continuations
-    monkeypatch.setattr(grpo_module, "score_continuations", lambda pairs, *a, **k: plain_rows.append(len(pairs)) or score(pairs, *a, **k))
+    score = scoring_module.score_continuations
+    monkeypatch.setattr(scoring_module, "score_continuations", lambda pairs, *a, **k: plain_rows.append(len(pairs)) or score(pairs, *a, **k))
     recorded: list = []
-    shifts = grpo_module.privileged_token_shifts
-    monkeypatch.setattr(grpo_module, "privileged_token_shifts", lambda *a, **k: recorded.append(shifts(*a, **k)) or recorded[-1])
+    shifts = scoring_module.privileged_token_shifts
+    monkeypatch.setattr(scoring_module, "privileged_token_shifts", lambda *a, **k: recorded.append(shifts(*a, **k)) or recorded[-1])
     moved = {**step.batch, "sampling_per_token_logps": step.batch["sampling_per_token_logps"] + 1.0}
     trainer.turn_weights(StepView(step.trajectories, step.advantages, step.rows, moved))
 
