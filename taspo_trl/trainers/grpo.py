@@ -67,7 +67,7 @@ from ..run_contract import (
 )
 from ..warmstart import resolve_policy_path
 from .packing import MicroBatchRepacking
-from .reward_checks import checked_reward_funcs
+from .reward_checks import checked_reward_funcs, reward_func_list
 from .sampling import EpochReplaySampler
 from .scoring import ScoringPasses, vllm_importance_sampling_ratio
 from .step import LastStep, StepView
@@ -683,7 +683,7 @@ def _with_verified_reward(reward_funcs: Any) -> list[Any]:
     """The reward sources of an agent environment (built in, or an ``env_factory``): the reward functions given,
     then ``environment_reward`` (the environment's verified reward), as TRL adds an ``environment_factory``'s
     reward to the reward functions; its weight in ``reward_weights`` comes last (0 drops it)."""
-    given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+    given = reward_func_list(reward_funcs)
     if environment_reward in given:
         return checked_reward_funcs(given)
     if given:
@@ -704,7 +704,7 @@ def _with_environment_reward(reward_funcs: Any, trl_env: TRLStyleEnvFactory) -> 
                 "get_reward(self) -> float on the environment, or pass reward_funcs=[...]."
             )
         return checked_reward_funcs(reward_funcs)
-    given = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [reward_funcs]
+    given = reward_func_list(reward_funcs)
     return checked_reward_funcs(given) + [trl_env.reward_function()]
 
 

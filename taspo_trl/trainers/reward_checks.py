@@ -77,3 +77,8 @@ def checked_reward_funcs(funcs: Any) -> Any:
     if isinstance(funcs, list):
         return [checked_reward_function(f) for f in funcs]
     return checked_reward_function(funcs) if funcs is not None else None
+
+
+def reward_func_list(funcs: Any) -> list[Any]:
+    """``reward_funcs`` as TRL accepts it (None, one function or a list) as a list."""
+    return [] if funcs is None else list(funcs) if isinstance(funcs, list) else [funcs]
