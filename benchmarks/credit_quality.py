@@ -41,19 +41,19 @@ against GRPO and against TASPO on the same replicates (``taspo_trl.credit.qualit
 each AUC, ``moved`` is the share of trajectories whose weights are not all 1: "no credit moved" (0) and "credit
 moved the wrong way" read differently.
 
-How many batches: on a 4-batch ALFWorld run (20 groups with a non-zero advantage on each side) the won-side AUC's
-95 % half-width was 0.083-0.088, i.e. a standard error of about 0.044. For a method whose true AUC is 0.6 to get an
-interval excluding 0.5 four times in five, 0.1 must be at least (1.96 + 0.84) standard errors, so the standard error
-must fall to 0.1 / 2.8 = 0.036: 4 x (0.044 / 0.036)^2 = 6 batches, rounded up to 7 for the groups that win nothing;
-in task groups, 20 x (0.044 / 0.036)^2 = 30 with a non-zero advantage. Search-QA's default (7 batches of 16 tasks)
-gives about 89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage
-with probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. A batch of every method
-takes many minutes on a 2-core CPU (AlignOPSD and the comparison methods' teacher passes most of it; each JSON
-records every batch's seconds per phase), so the default runs in parts (below).
+How many batches: the defaults aim at an interval that excludes 0.5 four times in five for a method whose true
+AUC is 0.6, so 0.1 must be at least (1.96 + 0.84) standard errors: a standard error of 0.036 or less on each side.
+The AUC's standard error falls as one over the square root of the task groups with a non-zero advantage on its
+side; on ALFWorld about 20 such groups give 0.044, so about 30 are needed, which the default 7 batches of the six
+families give with room for the groups that win nothing. Search-QA's default (7 batches of 16 tasks) gives about
+89 of 112; WebShop's noisy oracle wins about 3 of 4 siblings, so a group of 4 has a non-zero advantage with
+probability 1 - 0.75^4 - 0.25^4 = 0.68, and 48 tasks (4 batches of 12) give about 33. Each JSON records every
+batch's seconds per phase; the teacher passes of AlignOPSD and the comparison methods take most of them, so the
+default runs in parts (below).
 ``--quick`` is one batch of two families or 4 tasks with 200 resamples, for smoke runs.
 
 A long setting can run in parts: batch b's rollouts and credit depend only on its sampling seed, so ``--seed 0
---batches 2`` and ``--seed 2 --batches 5`` together played the 7 batches of ``--seed 0``, and ``--merge A.json
+--batches 2`` and ``--seed 2 --batches 5`` together play the 7 batches of ``--seed 0``, and ``--merge A.json
 B.json --out DIR`` pools them into the result that one run would have written (same table, intervals and
 per-batch figures). Runs of other methods on the same seeds join too: their trajectories must be identical, and
 each method must score every batch once; ``--leave-out A.json alignopsd`` drops one file's scores of a method that
