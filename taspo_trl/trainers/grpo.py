@@ -486,52 +486,45 @@ class AgentGRPOTrainer(AgentModelCard, CheckpointSaving, ScoringPasses, MicroBat
         self._metrics[mode]["reward_std"].append(_nanstd(rewards))
         for k, name in enumerate(self.reward_func_names):
             self._metrics[mode][f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, k]).item())
-        self._log_turn_table(trajectories, per_turn_advantage, rewards_per_func, all_advantages)
+        self._log_turn_table(everything, per_turn_advantage, rewards_per_func, all_advantages)
         return batch
 
     def _log_turn_table(
         self,
-        trajectories: list[Trajectory],
+        everything: list[Trajectory],
         per_turn_advantage: TurnCredit,
         rewards_per_func: torch.Tensor,
         all_advantages: torch.Tensor,
     ) -> None:
         """TRL's completions table (`log_completions`, shown in the console and sent to wandb/trackio) with one
-        row per trajectory: the task, the transcript, the outcome advantage and each turn's mean advantage; and,
-        with `log_turns`, one JSON line per turn in `<output_dir>/turns.jsonl` for inspection."""
-        turn_means = per_turn_advantage.turn_means()
-        local = [
-            (
-                traj.task,
-                " | ".join(f"{t + 1}. {turn.action or '(invalid)'}" for t, turn in enumerate(traj.turns)),
-                ", ".join(f"{a:+.3f}" for a in means),
-            )
-            for traj, means in zip(trajectories, turn_means, strict=True)
-        ]
-        for task, transcript, turn_advantages in gather_object(local):  # one collective for all three columns
-            self._logs["prompt"].append(task)
-            self._logs["completion"].append(transcript)
-            self._logs["extra"]["turn_advantages"].append(turn_advantages)
+        row per trajectory of the step (``everything``, all processes'): the task, the transcript, the outcome
+        advantage and each turn's mean advantage; and, with `log_turns`, one JSON line per turn in
+        `<output_dir>/turns.jsonl` for inspection. ``per_turn_advantage`` is this process's share."""
+        local_means = per_turn_advantage.turn_means()
+        # One collective: every process's turn means, in process order as ``everything``.
+        turn_means = gather_object(local_means) if self.accelerator.num_processes > 1 else local_means
+        for trajectory, means in zip(everything, turn_means, strict=True):
+            self._logs["prompt"].append(trajectory.task)
+            self._logs["completion"].append(
+                " | ".join(f"{t + 1}. {turn.action or '(invalid)'}" for t, turn in enumerate(trajectory.turns)))
+            self._logs["extra"]["turn_advantages"].append(", ".join(f"{a:+.3f}" for a in means))
         for k, name in enumerate(self.reward_func_names):
             self._logs["rewards"][name].extend(rewards_per_func[:, k].tolist())
         self._logs["advantages"].extend(all_advantages.tolist())
-        if not self.args.log_turns:
+        if not self.args.log_turns or not self.accelerator.is_main_process:
             return
-        records = [
-            {
-                "step": self.state.global_step, "group": traj.group, "task": traj.task, "task_type": traj.task_type,
-                "won": traj.won, "turn": t, "action": turn.action, "valid": turn.action_valid,
-                "observation": turn.observation[:300], "advantage": turn_means[i][t],
-            }
-            for i, traj in enumerate(trajectories)
-            for t, turn in enumerate(traj.turns)
-        ]
-        records = [r for chunk in gather_object([records]) for r in chunk]
-        if self.accelerator.is_main_process:
-            if self._turns_path is None:
-                self._turns_path = start_turns_log(self.args.output_dir, resumed=self.state.global_step > 0)
-            with open(self._turns_path, "a") as handle:
-                handle.writelines(json.dumps(r) + "\n" for r in records)
+        if self._turns_path is None:
+            self._turns_path = start_turns_log(self.args.output_dir, resumed=self.state.global_step > 0)
+        with open(self._turns_path, "a") as handle:
+            handle.writelines(
+                json.dumps({
+                    "step": self.state.global_step, "group": trajectory.group, "task": trajectory.task,
+                    "task_type": trajectory.task_type, "won": trajectory.won, "turn": t, "action": turn.action,
+                    "valid": turn.action_valid, "observation": turn.observation[:300], "advantage": means[t],
+                }) + "\n"
+                for trajectory, means in zip(everything, turn_means, strict=True)
+                for t, turn in enumerate(trajectory.turns)
+            )
 
     def _trajectory_rewards(
         self, inputs: list[dict[str, Any]], trajectories: list[Trajectory]

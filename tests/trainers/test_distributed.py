@@ -80,7 +80,7 @@ def test_two_process_quickstart_recipe_trains_and_evaluates(tmp_path, tiny_model
             sys.executable, "-m", "accelerate.commands.launch",
             "--config_file", str(root / "recipes" / "accelerate" / "cpu_2proc.yaml"),
             "-m", "taspo_trl.cli", "--config", str(root / "recipes" / "quickstart" / "alfworld_taspo_cpu.yaml"),
-            "--model_name_or_path", tiny_model_dir, "--games_dir", str(tmp_path / "games"), "--max_tasks", "2",
+            "--model_name_or_path", tiny_model_dir, "--games_dir", str(tmp_path / "games"), "--max_tasks", "4",
             "--max_steps", "1", "--max_turns", "2", "--max_completion_length", "8", "--output_dir", str(out),
         ],
         tmp_path,
