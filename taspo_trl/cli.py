@@ -107,41 +107,13 @@ def build_trainer(
     ``reward_funcs`` are added to the environment's verified reward, which comes last in ``reward_weights``.
     """
     from datasets import Dataset
-    from trl import ModelConfig, TrlParser, get_peft_config
+    from trl import get_peft_config
 
-    from .trainers import method_classes, method_settings
+    from .trainers import method_classes
     from .warmstart import resolve_policy_path
 
-    argv = resolve_config_argv(argv, "taspo-train")
-    method = _method_from_argv(argv)
-    config_class = _method_config_class(method)
-    for name, value in method_settings(method).items():
-        if f"--{name}" not in argv:
-            argv = [*argv, f"--{name}", value]
-    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False,
-                       usage="taspo-train --config RECIPE [--setting value ...]", description=HELP_DESCRIPTION.format(method=method, config=config_class.__name__),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    check_setting_names(parser, argv)
-    script_args, config, model_args = parser.parse_args_and_config(args=argv)
-    import_env_module(script_args.env_module, "taspo-train")
-    logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
-    if Path(config.output_dir).is_dir():  # a folder another run may hold: find out before anything else
-        hold_output_dir(config.output_dir)
-    resume = _resume_argument(config.resume_from_checkpoint)
-    check_resume_target(config.output_dir, resume)
-    finished = finished_run_message(config, resume)
-    if finished:
-        incomplete = final_model_problem(config.output_dir)
-        if incomplete is None:
-            raise RunAlreadyFinished(finished)
-        # a re-queued job whose final save was cut off: save the final model again from the last checkpoint
-        say(f"{finished.split(':')[0]}, but the final model in {config.output_dir} is incomplete ({incomplete}): "
-            "saving it again from that checkpoint", stream=sys.stderr)
-    if method == "sft":  # the agent configs and trainers check and note these themselves
-        check_run_settings(config)
-        for note in run_length_notes(config):
-            say(f"note: {note}", stream=sys.stderr)
-
+    method, script_args, config, model_args = _parse_recipe(argv)
+    _check_run_folder(config, method)
     name = model_override or model_args.model_name_or_path
     if not name:
         raise SystemExit("taspo-train: set model_name_or_path (e.g. embedded:smollm2-135m-instruct or a HF model).")
@@ -149,16 +121,7 @@ def build_trainer(
     check_output_dir(config.output_dir, config.resume_from_checkpoint, script_args.overwrite_output_dir)
     check_hub_access(config)
     say(f"precision: {config.precision.description}")
-    quantization = _quantization(model_args)
-    # As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
-    # `model_init_kwargs` win where both set a key.
-    config.model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-        **({"quantization_config": quantization} if quantization else {}),
-        **(config.model_init_kwargs or {}),
-    }
+    config.model_init_kwargs = _model_init_kwargs(model_args, config)
     rows = with_env_kwargs(build_task_rows(config.environment, asdict(script_args), config.max_turns),
                            script_args.env_kwargs)
     reward_funcs = [*(reward_funcs or []), *resolve_reward_funcs(script_args.reward_funcs)]
@@ -179,6 +142,65 @@ def build_trainer(
         peft_config=get_peft_config(model_args),
         callbacks=callbacks,
     )
+
+
+def _parse_recipe(argv: list[str]) -> tuple[str, Any, Any, Any]:
+    """The recipe's method and its three parsed parts (script arguments, the method's config, TRL's
+    ``ModelConfig``), with the settings that select the method within its config class; the recipe's
+    ``env_module`` is imported and logging set to its ``log_level``."""
+    from trl import ModelConfig, TrlParser
+
+    from .trainers import method_settings
+
+    argv = resolve_config_argv(argv, "taspo-train")
+    method = _method_from_argv(argv)
+    config_class = _method_config_class(method)
+    for name, value in method_settings(method).items():
+        if f"--{name}" not in argv:
+            argv = [*argv, f"--{name}", value]
+    parser = TrlParser((AgentScriptArguments, config_class, ModelConfig), allow_abbrev=False,
+                       usage="taspo-train --config RECIPE [--setting value ...]", description=HELP_DESCRIPTION.format(method=method, config=config_class.__name__),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    check_setting_names(parser, argv)
+    script_args, config, model_args = parser.parse_args_and_config(args=argv)
+    import_env_module(script_args.env_module, "taspo-train")
+    logging.basicConfig(level=logging.INFO if config.log_level in ("info", "passive") else logging.WARNING)
+    return method, script_args, config, model_args
+
+
+def _check_run_folder(config: Any, method: str) -> None:
+    """Before anything loads: the output folder is not another live run's, a resume names a checkpoint it can
+    take, and a finished run stops here (unless its final save was cut off: it is then saved again). The SFT
+    method's run settings are checked here; the agent configs check theirs themselves."""
+    if Path(config.output_dir).is_dir():  # a folder another run may hold: find out before anything else
+        hold_output_dir(config.output_dir)
+    resume = _resume_argument(config.resume_from_checkpoint)
+    check_resume_target(config.output_dir, resume)
+    finished = finished_run_message(config, resume)
+    if finished:
+        incomplete = final_model_problem(config.output_dir)
+        if incomplete is None:
+            raise RunAlreadyFinished(finished)
+        # a re-queued job whose final save was cut off: save the final model again from the last checkpoint
+        say(f"{finished.split(':')[0]}, but the final model in {config.output_dir} is incomplete ({incomplete}): "
+            "saving it again from that checkpoint", stream=sys.stderr)
+    if method == "sft":
+        check_run_settings(config)
+        for note in run_length_notes(config):
+            say(f"note: {note}", stream=sys.stderr)
+
+
+def _model_init_kwargs(model_args: Any, config: Any) -> dict[str, Any]:
+    """As TRL's `trl grpo` script: the model settings of ModelConfig reach the model load; the recipe's own
+    `model_init_kwargs` win where both set a key."""
+    quantization = _quantization(model_args)
+    return {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+        **({"quantization_config": quantization} if quantization else {}),
+        **(config.model_init_kwargs or {}),
+    }
 
 
 def _quantization(model_args: Any) -> Any:
