@@ -360,3 +360,59 @@ def test_official_profile_recipes_carry_the_reward_scale_and_the_batch_threshold
         quick = yaml.safe_load((ROOT / "quickstart" / f"{env}_alignopsd_cpu.yaml").read_text())
         outcome = "env" if env == "webshop" else "win"
         assert (quick["reward_scale"], quick["outcome_reward"], quick["span_threshold_scope"]) == (scale, outcome, "batch")
+
+
+def _three_processes(host, whole, index, scenario, monkeypatch) -> list[StepView]:
+    """The ``StepView`` of each of three processes holding three trajectories each (``first`` at 0, 3 and 6, the
+    whole batch in ``step.everything``), with the host set up as one of three processes: the other processes'
+    teacher responses arrive through the gather, and the privileged pass scores this process's trajectories."""
+    everything = whole.everything
+    contexts = alignopsd_module.teacher_contexts(alignopsd_module.skill_contexts(None, everything, 0))
+    shares = [StepView(everything[first : first + 3], torch.zeros(3), SimpleNamespace(collect=lambda plain: plain),
+                       {}, rewards=whole.rewards, first=first, everything=everything) for first in (0, 3, 6)]
+    every_group = {t.group for t in everything}
+    shared = [pair for share in shares for pair in host._teacher_responses(share, contexts, every_group).items()]
+
+    def shifts(step, target_contexts, action_only=True):  # keyed by this process's trajectory index, as the pass is
+        gaps, plain = {}, {}
+        for key, (j, u) in index.items():
+            i = j - step.first
+            if 0 <= i < len(step.trajectories):
+                plain[(i, u)] = torch.full((scenario.counts[key],), scenario.plain[key], dtype=torch.float64)
+                if target_contexts[i]:
+                    gaps[(i, u)] = torch.full((scenario.counts[key],), scenario.diagonal[key], dtype=torch.float64)
+        return gaps, plain
+
+    monkeypatch.setattr(host, "_privileged_shifts", shifts, raising=False)
+    monkeypatch.setattr(alignopsd_module, "gather_object", lambda mine: shared)
+    host.accelerator = SimpleNamespace(num_processes=3, process_index=0, autocast=nullcontext, gather=lambda t: t,
+                                       device=torch.device("cpu"))
+    return shares
+
+
+def test_each_process_share_gets_the_official_advantages_of_its_trajectories(tmp_path, monkeypatch, scenario):
+    """Three processes, one task group each: the hook on every process's share gives exactly its own trajectories
+    the official spans and advantages, with the batch threshold that pools all three groups."""
+    host, whole, index, _ = _host(tmp_path, monkeypatch, scenario)
+    want = _expected(scenario)
+    for share in _three_processes(host, whole, index, scenario, monkeypatch):
+        advantages = host.turn_advantages(share)
+        assert len(advantages) == 3
+        for key, (j, u) in index.items():
+            if share.first <= j < share.first + 3:
+                assert advantages[j - share.first][u] == pytest.approx(want["advantages"][key[:2]][key[2]], abs=1e-9)
+                assert host.last_step.spans[j - share.first] == want["spans"][key[:2]]
+    assert host._metrics["train"]["alignopsd/segmentation_threshold"] == [pytest.approx(want["threshold"], abs=1e-12)] * 3
+
+
+def test_random_spans_on_three_processes_are_seeded_by_the_index_over_the_whole_batch(tmp_path, monkeypatch, scenario):
+    """Ablation D's seeds on a process's share are the trajectories' (task, rollout) indices over the whole batch,
+    as on one process: groups handed over in the order 2, 0, 1, one per process."""
+    host, whole, index, _ = _host(tmp_path, monkeypatch, scenario, group_order=(2, 0, 1), ablation="D")
+    seeds = []
+    real = alignopsd_module.segment_trajectory
+    monkeypatch.setattr(alignopsd_module, "segment_trajectory",
+                        lambda *args, **kwargs: seeds.append(kwargs["seed"]) or real(*args, **kwargs))
+    for share in _three_processes(host, whole, index, scenario, monkeypatch):
+        host.turn_advantages(share)
+    assert seeds == [6, 7, 8, 0, 1, 2]  # group 1 moves nothing: no spans drawn
