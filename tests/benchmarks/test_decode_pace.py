@@ -12,7 +12,7 @@ def test_the_sampler_before_and_after_are_timed_against_the_limit(load_benchmark
     decode_pace = load_benchmark("decode_pace")
     out = tmp_path / "decode_pace.json"
     cache, draw = generation.growing_cache, generation.sample_rows
-    decode_pace.main(["--model", tiny_model_dir, "--batch", "3", "--prompt-tokens", "20", "--new-tokens", "4",
+    decode_pace.main(["--model", tiny_model_dir, "--batch", "3", "--prompt-tokens", "20", "--new-tokens", "16",
                       "--reps", "1", "--read-gib", "0.01", "--bf16", "true", "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["precision"] == "bf16 autocast" and result["same_samples_with_generates_draw"] is True
