@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="outputs/quickstart_time.json")
     args, extra = parser.parse_known_args(argv)
     commit = source_commit(__file__)
-    dtype = torch.bfloat16 if cpu_computes_bf16() else torch.float32
+    # The run's compute dtype: what the command line asks for (``--bf16 true/false``), else what the CPU computes.
+    asked = extra[extra.index("--bf16") + 1].lower() == "true" if "--bf16" in extra[:-1] else cpu_computes_bf16()
+    dtype = torch.bfloat16 if asked else torch.float32
     # 2,310 prompt tokens through SmolLM2-135M's MLP: the prefill's shape (decode_pace.py measures the same)
     pace = {"matmul_tflop_s": round(matmul_throughput(2310, 576, 1536, dtype), 3), "matmul_dtype": str(dtype)}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:

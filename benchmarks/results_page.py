@@ -512,7 +512,7 @@ WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
-QUICKSTART = ("quickstart_time.json",)  # the README's first command, empty cache, from a clone
+QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the README's first command, empty cache, from a clone
 
 QUICKSTART_TITLE = "The first command from a fresh clone"
 WARM_START_TITLE = "The warm start: does it play games it never saw?"
