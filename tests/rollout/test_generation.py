@@ -233,7 +233,7 @@ def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_nu
     from datasets import Dataset
     from tests.helpers.toy_envs import locker_factory
 
-    import taspo_trl.trainers.grpo as grpo_module
+    import taspo_trl.trainers.scoring as scoring_module
     from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, encode_task_prompt
 
     dataset = Dataset.from_list([{"prompt": encode_task_prompt({"target": 1 + k, "max_turns": 2})} for k in range(2)])
@@ -248,7 +248,7 @@ def test_a_bf16_trainer_keeps_one_copy_for_sampling_and_scoring_with_the_same_nu
         keep = batch["completion_ids"].size(1)
         with torch.no_grad():
             with_copy = trainer._snapshot_logprobs(ids, mask, keep)
-            monkeypatch.setattr(grpo_module, "trainer_compute_copy", lambda trainer: None)
+            monkeypatch.setattr(scoring_module, "trainer_compute_copy", lambda trainer: None)
             without = trainer._snapshot_logprobs(ids, mask, keep)
         assert torch.equal(with_copy, without)
         assert trainer._compute_dtype_copy is copier  # one copy for the run
