@@ -263,7 +263,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
         indexed like ``step.everything``; ``step.local`` slices out this process's trajectories."""
         args = self.args
         everything, groups = step.everything, step.groups
-        outcome = self._outcome_advantages(everything, groups, step)
+        outcome = self._outcome_advantages(step)
         mine = outcome[step.local]
 
         skills = skill_contexts(self.skill_bank, everything, args.skill_top_k)
@@ -292,7 +292,7 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
                 w, s = [1.0] * trajectory.num_turns, ([(0, trajectory.num_turns)] if trajectory.num_turns else [])
             weights.append(w)
             spans.append(s)
-        residuals = self._invalid_residuals(step, self._episode_rewards(everything, step), groups)
+        residuals = self._invalid_residuals(step)
 
         self.last_step.weights, self.last_step.spans = weights, spans
         self.last_step.skill_texts = skills[step.local]
@@ -371,25 +371,26 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             return set(groups)
         return set(moving)
 
-    def _episode_rewards(self, everything: list[Trajectory], step: StepView) -> torch.Tensor:
+    def _episode_rewards(self, step: StepView) -> torch.Tensor:
         """The episode reward R of every trajectory of the step as the official environments pay it: ``reward_scale``
         times the environment's reward (``outcome_reward: env``) or times 1 for a win, 0 otherwise (``win``).
         Unscorable (NaN) rewards stay NaN."""
         args = self.args
         rewards = step.rewards.detach().double().cpu()
         if args.outcome_reward == "win":
-            won = torch.tensor([1.0 if t.won else 0.0 for t in everything], dtype=torch.float64)
+            won = torch.tensor([1.0 if t.won else 0.0 for t in step.everything], dtype=torch.float64)
             rewards = torch.where(torch.isnan(rewards), rewards, won)
         return args.reward_scale * rewards
 
-    def _outcome_advantages(self, everything: list[Trajectory], groups: dict[int, list[int]], step: StepView) -> list[float]:
-        """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (``groups``: the
-        members of each task group) on the episode rewards of ``_episode_rewards``. The trajectory scope is the
+    def _outcome_advantages(self, step: StepView) -> list[float]:
+        """Official ``compute_unique_trajectory_grpo_advantage`` of every trajectory of the step (over each
+        task group of ``step.groups``) on the episode rewards of ``_episode_rewards``. The trajectory scope is the
         base trainer's own computation (the same statistics: bit for bit what GRPO gives on the same rewards); the
         turn scope repeats each reward once per turn of its trajectory in the statistics. Unscorable (NaN) rewards
         get 0 and stay out of the statistics."""
         args = self.args
-        rewards = self._episode_rewards(everything, step)
+        everything, groups = step.everything, step.groups
+        rewards = self._episode_rewards(step)
         scale = self.scale_rewards != "none"
         if args.grpo_normalization_scope == "trajectory":
             group_size = len(everything) // max(len(groups), 1)
@@ -559,16 +560,16 @@ class AlignOPSDTrainer(AgentGRPOTrainer):
             weights[t] = value
         return weights, spans
 
-    def _invalid_residuals(self, step: StepView, rewards: torch.Tensor, groups: dict[int, list[int]]) -> list[list[float]]:
+    def _invalid_residuals(self, step: StepView) -> list[list[float]]:
         """Official ``compute_invalid_action_advantage_residual`` of every turn of this process, over each task
         group's turn rows (every group, whether or not its credit moves); rows of an unscorable (NaN) reward are
-        left out. ``rewards`` and ``groups`` index ``step.everything``."""
+        left out; the rewards are ``_episode_rewards``."""
         args, everything = self.args, step.everything
         out = [[0.0] * trajectory.num_turns for trajectory in step.trajectories]
         if args.invalid_action_coef == 0:
             return out
-        mine = range(len(everything))[step.local]
-        for members in groups.values():
+        rewards, mine = self._episode_rewards(step), range(len(everything))[step.local]
+        for members in step.groups.values():
             keys = [(j, t) for j in members if not bool(torch.isnan(rewards[j])) for t in range(everything[j].num_turns)]
             if not any(j in mine for j, _ in keys):
                 continue

@@ -18,6 +18,7 @@ from taspo_trl import AlignOPSDConfig, AlignOPSDTrainer
 from taspo_trl.credit.alignopsd import cross_teacher_logprobs, invalid_action_residual, source_log_weights, source_weights
 from taspo_trl.privileged.alignopsd import NO_SKILLS, teacher_contexts
 from taspo_trl.rollout.records import Trajectory
+from taspo_trl.trainers.step import StepView
 
 
 def test_probability_mixture_in_log_space_at_a_tiny_temperature():
@@ -78,15 +79,15 @@ def test_webshop_outcome_is_ten_per_win_as_the_official_environment_pays():
     [-0.57735, -0.57735, 1.15470]; the graded score, 10 x [0.9, 0.5, 1.0], would give [0.37796, -1.13389, 0.75593]. An unscorable (NaN)
     reward stays NaN."""
     trajectories = [Trajectory(task_spec={}, task="t", initial_observation="", group=0, won=w) for w in (False, False, True)]
-    step = SimpleNamespace(rewards=torch.tensor([0.9, 0.5, 1.0]))
+    step = StepView(trajectories, torch.zeros(3), None, {}, rewards=torch.tensor([0.9, 0.5, 1.0]))
     host = _episode_host(outcome_reward="win")
-    assert host._episode_rewards(trajectories, step).tolist() == [0.0, 0.0, 10.0]
-    got = host._outcome_advantages(trajectories, {0: [0, 1, 2]}, step)
+    assert host._episode_rewards(step).tolist() == [0.0, 0.0, 10.0]
+    got = host._outcome_advantages(step)
     assert got == pytest.approx([-0.5773501691896431, -0.5773501691896431, 1.1547003383792862], abs=1e-6)
-    graded = _episode_host()._outcome_advantages(trajectories, {0: [0, 1, 2]}, step)
+    graded = _episode_host()._outcome_advantages(step)
     assert graded == pytest.approx([0.3779643301521383, -1.133892990456415, 0.7559286603042766], abs=1e-6)
-    unscorable = SimpleNamespace(rewards=torch.tensor([float("nan"), 0.5, 1.0]))
-    assert math.isnan(float(host._episode_rewards(trajectories, unscorable)[0]))
+    unscorable = StepView(trajectories, torch.zeros(3), None, {}, rewards=torch.tensor([float("nan"), 0.5, 1.0]))
+    assert math.isnan(float(host._episode_rewards(unscorable)[0]))
 
 
 def test_no_skill_context_is_the_empty_skill_block():

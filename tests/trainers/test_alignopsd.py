@@ -273,12 +273,12 @@ def test_turn_scope_advantage_and_invalid_residual_in_the_trainer(tmp_path, tiny
     trainer = _trainer(tmp_path, tiny_model_dir, pick_game, encoder)
     try:
         step = _one_step(trainer, pick_game, monkeypatch)
-        groups = {0: list(range(len(step.trajectories)))}
-        outcome = trainer._outcome_advantages(step.trajectories, groups, step)
+        assert step.groups == {0: list(range(len(step.trajectories)))}  # one task group
+        outcome = trainer._outcome_advantages(step)
         # The episode reward as the official environments pay it: 10 per win.
         want = group_outcome_advantage(10 * step.rewards.double(), [t.num_turns for t in step.trajectories], "turn", 1e-6)
         assert outcome == pytest.approx(want.tolist(), abs=1e-12)
-        residuals = trainer._invalid_residuals(step, 10 * step.rewards.double(), groups)
+        residuals = trainer._invalid_residuals(step)
     finally:
         trainer.close()
     # Hand: normalise the turn rows' rewards (10 per win) with and without the 0.1 penalty on invalid rows.
