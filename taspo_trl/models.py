@@ -88,11 +88,6 @@ def resolve_embedded(name_or_path: str) -> str:
     return str(target)
 
 
-# The old name, kept only for privileged/analyzers.py: its bytes are hashed into the shipped warm start's
-# fingerprint (warmstart._DATA_MODULES), so it moves to resolve_policy_path with the next rebuild of the warm start.
-resolve_model_path = resolve_embedded
-
-
 def discard_cache_entry(target: Path) -> None:
     """Remove a cache entry: renamed aside first (to an owner-tagged sibling), so no process loads it half-deleted."""
     stale = owned_temporary_dir(target, kind="stale")

@@ -239,9 +239,9 @@ class TransformersAnalyzer:
         if isinstance(model_or_path, (str, os.PathLike)):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            from ..models import resolve_model_path
+            from ..models import resolve_embedded
 
-            path = resolve_model_path(str(model_or_path))
+            path = resolve_embedded(str(model_or_path))
             model_or_path = AutoModelForCausalLM.from_pretrained(path)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
         if tokenizer is None:
