@@ -19,7 +19,6 @@ by U+FFFD and counted in ``EnvPool.replaced_characters``.
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing as mp
 import os
 import pickle
