@@ -445,6 +445,15 @@ def warm_start_build(result: dict[str, Any]) -> str:
              f"{'bf16 autocast' if built['bf16'] else 'float32'}, {built['torch_threads']} threads, max RSS "
              + (f"{result['max_rss_gb']} GB" if result.get("max_rss_gb") is not None else "not recorded")
              + f" ({versions})."]
+    check = result.get("check")
+    if check:
+        verdict = ("bit for bit" if check["largest_relative_difference"] == 0 else
+                   f"largest relative difference {check['largest_relative_difference']:.3g}")
+        machine = check["provenance"].get("cpu_model", "an unrecorded CPU")
+        lines += ["", f"Rebuilt by `python benchmarks/build_warm_start.py --check` ({check['provenance']['date']}, "
+                  f"{machine}, {'bf16 autocast' if check['built_with']['bf16'] else 'float32'}) in "
+                  f"{_duration(check['rebuild_seconds'])}: training data "
+                  f"{'the same' if check['same_data'] else 'different'}, adapter {verdict} against the shipped one."]
     if result.get("note"):
         lines += ["", result["note"]]
     return "\n".join(lines)

@@ -280,3 +280,17 @@ def test_a_section_anchor_is_the_same_on_the_docs_site_and_on_github(page):
     with pytest.raises(ValueError, match="reword it"):
         page.anchor("Warm start (240 games + corrections)")
     assert [page.anchor(title) for title, _, _ in page.SECTIONS]  # every section's title has one
+
+
+def test_the_warm_start_build_reads_its_rebuild_check(page):
+    build = json.loads((page.RESULTS / "warm_start_build.json").read_text())
+    build.pop("check", None)
+    assert "--check" not in page.warm_start_build(build)
+    build["check"] = {"rebuild_seconds": 5940.0, "same_data": True, "largest_relative_difference": 0.0,
+                      "tolerance": 0.0, "built_with": {"bf16": True},
+                      "provenance": {"date": "2026-12-07 07:50 UTC", "cpu_model": "AMD EPYC"}}
+    text = page.warm_start_build(build)
+    assert "(2026-12-07 07:50 UTC, AMD EPYC, bf16 autocast) in 1 h 39 min 00 s:" in text
+    assert "training data the same, adapter bit for bit against the shipped one" in text
+    build["check"].update(same_data=False, largest_relative_difference=0.0042)
+    assert "training data different, adapter largest relative difference 0.0042 against" in page.warm_start_build(build)
