@@ -515,8 +515,9 @@ def gpu_check(result: dict[str, Any]) -> str:
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the previous warm start, sampled siblings
-CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the same, played again on another CPU
+CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start, sampled siblings
+CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the warm start before it
+CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the previous one, played again on another CPU
 WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
@@ -526,7 +527,8 @@ QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the REA
 QUICKSTART_TITLE = "The first command from a fresh clone"
 WARM_START_TITLE = "The warm start: does it play games it never saw?"
 PI_TITLE = "Does the policy read its privileged context?"
-CREDIT_TITLE = "Credit quality on ALFWorld with the previous warm start"
+CREDIT_TITLE = "Credit quality on ALFWorld with the shipped warm start"
+CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with the previous warm start"
 CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
 SEARCH_TITLE = "Credit quality on Search-QA, every method"
 WEBSHOP_TITLE = "Credit quality on WebShop, every method"
@@ -539,7 +541,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (PI_TITLE, PI_SPECIFICITY, pi_specificity),
     ("The warm start's build", ("warm_start_build.json",), warm_start_build),
     (CREDIT_TITLE, (CREDIT_QUALITY_ALFWORLD,), credit_quality),
-    (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
+    (CREDIT_PREVIOUS_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS,), credit_quality),
+    (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
     (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
     (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     (CURVE_TITLE, ("learning_curve_cpu.json",), learning_curve),
@@ -623,10 +626,11 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
      "games with a win among 4 sampled siblings", WARM_START_TITLE, _summary_warm_start),
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
      "guidance closes", PI_TITLE, _summary_pi),
-    ("Credit quality on ALFWorld with the previous warm start (thoughts on every row, 1.5 epochs; sampled siblings "
-     "on games it never saw, bf16): verdict "
+    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
      "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
      "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
+    ("The same with the previous warm start (thoughts on every row, 1.5 epochs)", CREDIT_PREVIOUS_TITLE,
+     _summary_verdicts),
     ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
      _summary_replication),
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", SEARCH_TITLE, _summary_verdicts),
