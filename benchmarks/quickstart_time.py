@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 import yaml
+from transformers.hf_argparser import string_to_bool
 
-from taspo_trl.precision import cpu_computes_bf16
+from taspo_trl.precision import Precision, choose_precision
 from taspo_trl.provenance import provenance, source_commit
 
 from decode_pace import matmul_throughput  # this folder's
@@ -57,15 +58,21 @@ def run_quickstart(recipe: str, extra: list[str], work: Path) -> dict[str, Any]:
     }
 
 
+def run_precision(extra: list[str]) -> Precision:
+    """The precision ``taspo-train`` chooses for the run: the ``--bf16`` among ``extra`` (``--bf16``, ``--bf16 x``
+    or ``--bf16=x``, read as its parser reads a bool), else what the CPU computes."""
+    bf16 = argparse.ArgumentParser(add_help=False)
+    bf16.add_argument("--bf16", nargs="?", const=True, type=string_to_bool, default=None)
+    return choose_precision(bf16.parse_known_args(extra)[0].bf16, use_cpu=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default="recipes/quickstart/alfworld_taspo_cpu.yaml")
     parser.add_argument("--out", default="outputs/quickstart_time.json")
     args, extra = parser.parse_known_args(argv)
     commit = source_commit(__file__)
-    # The run's compute dtype: what the command line asks for (``--bf16 true/false``), else what the CPU computes.
-    asked = extra[extra.index("--bf16") + 1].lower() == "true" if "--bf16" in extra[:-1] else cpu_computes_bf16()
-    dtype = torch.bfloat16 if asked else torch.float32
+    dtype = torch.bfloat16 if run_precision(extra).bf16 else torch.float32
     # 2,310 prompt tokens through SmolLM2-135M's MLP: the prefill's shape (decode_pace.py measures the same)
     pace = {"matmul_tflop_s": round(matmul_throughput(2310, 576, 1536, dtype), 3), "matmul_dtype": str(dtype)}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:

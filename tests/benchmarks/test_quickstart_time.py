@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_a_one_step_quickstart_is_timed_and_its_lines_kept(load_benchmark, tmp_path, tiny_model_dir):
     quickstart_time = load_benchmark("quickstart_time")
@@ -17,3 +19,16 @@ def test_a_one_step_quickstart_is_timed_and_its_lines_kept(load_benchmark, tmp_p
     assert len(result["step_lines"]) == 1 and result["step_lines"][0].startswith("[step 1/1] reward=")
     assert result["extra_arguments"][-2:] == ["--max_completion_length", "8"]
     assert result["provenance"]["command"].startswith("python benchmarks/quickstart_time.py --recipe alfworld_grpo_cpu")
+
+
+@pytest.mark.parametrize("extra, cpu_bf16, want", [
+    (["--bf16", "false"], "1", False),
+    (["--bf16=true"], "0", True),
+    (["--bf16", "--max_steps", "1"], "0", True),  # bare, as taspo-train's parser reads it
+    (["--max_steps", "1", "--bf16"], "0", True),
+    (["--max_steps", "1"], "1", True),  # not asked: what the CPU computes
+    (["--max_steps", "1"], "0", False),
+])
+def test_the_timed_matmul_uses_the_runs_precision(load_benchmark, monkeypatch, extra, cpu_bf16, want):
+    monkeypatch.setenv("TASPO_TRL_CPU_BF16", cpu_bf16)
+    assert load_benchmark("quickstart_time").run_precision(extra).bf16 is want
