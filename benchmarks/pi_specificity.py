@@ -21,6 +21,11 @@ trajectory is the one of the trajectory ``--group-size`` places later (the same 
     python benchmarks/pi_specificity.py                  # the warm-started policy, float32
     python benchmarks/pi_specificity.py --model <dir> --bf16
     python benchmarks/pi_specificity.py --split eval_unseen  # rooms and objects the warm start never saw
+    python benchmarks/pi_specificity.py --resummarize outputs/pi_specificity/pi_specificity.json  # figures again
+
+The correlation comes with a 95 % interval from a bootstrap over whole trajectories (a trajectory's actions share
+one context, so they are not independent draws), and separately within the won and within the failed trajectories:
+the stalling failures repeat a few commands (``look``), which any context may move alike.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from datasets import Dataset
 
@@ -85,6 +91,48 @@ def gap_share(shifts: Sequence[float], plain_logprobs: Sequence[float]) -> float
     return sum(shifts) / gap if plain_logprobs and gap > 0 else None
 
 
+def _correlation(own: np.ndarray, foreign: np.ndarray) -> float | None:
+    if len(own) < 2 or own.std() == 0 or foreign.std() == 0:
+        return None
+    return float(np.corrcoef(own, foreign)[0, 1])
+
+
+def correlation_figures(shifts: Sequence[dict[str, Any]], resamples: int = 4000, seed: int = 0) -> dict[str, Any]:
+    """The Pearson correlation of the own and foreign shifts over the actions of ``shifts`` (records with
+    ``trajectory``, ``won``, ``own_pi`` and ``foreign_pi``); its 95 % percentile interval from ``resamples``
+    bootstrap replicates that draw whole trajectories with replacement (replicates with a constant side are left
+    out); and the correlation within the won and within the failed trajectories (``None`` where undefined)."""
+    own = np.array([s["own_pi"] for s in shifts], dtype=float)
+    foreign = np.array([s["foreign_pi"] for s in shifts], dtype=float)
+    by_trajectory: dict[int, list[int]] = {}
+    for index, s in enumerate(shifts):
+        by_trajectory.setdefault(s["trajectory"], []).append(index)
+    groups = list(by_trajectory.values())
+    rng = np.random.default_rng(seed)
+    replicates = []
+    for _ in range(resamples if len(groups) > 1 else 0):
+        picked = np.concatenate([groups[g] for g in rng.integers(0, len(groups), len(groups))])
+        value = _correlation(own[picked], foreign[picked])
+        if value is not None:
+            replicates.append(value)
+    won = np.array([bool(s["won"]) for s in shifts])
+    return {
+        "correlation": _correlation(own, foreign),
+        "correlation_interval_95": [float(v) for v in np.percentile(replicates, [2.5, 97.5])] if replicates else None,
+        "correlation_by_outcome": {"won": _correlation(own[won], foreign[won]),
+                                   "failed": _correlation(own[~won], foreign[~won])},
+    }
+
+
+def resummarize(path: Path, argv: list[str] | None) -> dict[str, Any]:
+    """Recompute the correlation figures of a written result from its recorded shifts, in place."""
+    results = json.loads(path.read_text())
+    results.update(correlation_figures(results["shifts"]))
+    results["resummarized"] = provenance(argv, __file__)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
 def _mean(values: torch.Tensor, mask: list[bool], wanted: bool) -> float | None:
     picked = [v for v, m in zip(values.tolist(), mask, strict=True) if m == wanted]
     return sum(picked) / len(picked) if picked else None
@@ -106,7 +154,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="bf16 autocast (--no-bf16: float32; default: where the hardware computes it)")
     parser.add_argument("--out", default="outputs/pi_specificity", help="folder for pi_specificity.json")
     parser.add_argument("--label", default=None, help="the policy's name in the results page (default: --model)")
+    parser.add_argument("--resummarize", type=Path, default=None, metavar="JSON",
+                        help="recompute the correlation figures of this pi_specificity.json from its shifts; no model")
     args = parser.parse_args(argv)
+    if args.resummarize is not None:
+        results = resummarize(args.resummarize, argv)
+        _print_correlation(results)
+        return results
     args.label = args.label or args.model
     if len(args.task_types) < 2:
         parser.error("--task-types needs at least 2 families: a foreign PI comes from another task")
@@ -148,7 +202,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "actions": len(keys),
         "mean_abs_shift_own_pi": a.abs().mean().item(),
         "mean_abs_shift_foreign_pi": b.abs().mean().item(),
-        "correlation": torch.corrcoef(torch.stack([a, b]))[0, 1].item() if len(keys) > 1 else None,
         "quoted_actions": sum(named),
         "mean_shift_own_pi": {"quoted": _mean(a, named, True), "not_quoted": _mean(a, named, False)},
         "mean_shift_foreign_pi": {"quoted": _mean(b, named, True), "not_quoted": _mean(b, named, False)},
@@ -161,12 +214,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ],
         "privileged_info": own_pi,
     }
+    results.update(correlation_figures(results["shifts"]))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results["provenance"] = provenance(argv, __file__)
     (out_dir / "pi_specificity.json").write_text(json.dumps(results, indent=1) + "\n")
     print(f"{len(keys)} actions: mean |shift| {results['mean_abs_shift_own_pi']:.4f} under their own PI, "
-          f"{results['mean_abs_shift_foreign_pi']:.4f} under another task's; correlation {results['correlation']}")
+          f"{results['mean_abs_shift_foreign_pi']:.4f} under another task's")
+    _print_correlation(results)
     own_means, foreign_means = results["mean_shift_own_pi"], results["mean_shift_foreign_pi"]
     print(f"mean shift of the {sum(named)} actions their own PI quotes: {own_means['quoted']} (under another task's "
           f"PI: {foreign_means['quoted']}); of the other {len(named) - sum(named)}: {own_means['not_quoted']} "
@@ -174,6 +229,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"share of the quoted actions' gap (-plain log-prob) their shift takes: {results['gap_share_own_quoted']} "
           f"under their own PI, {results['gap_share_foreign_quoted']} under another task's")
     return results
+
+
+def _print_correlation(results: dict[str, Any]) -> None:
+    by_outcome = results["correlation_by_outcome"]
+    print(f"correlation of the own and foreign shifts: {results['correlation']} (95 % over trajectories: "
+          f"{results['correlation_interval_95']}); within won trajectories {by_outcome['won']}, within failed "
+          f"{by_outcome['failed']}")
 
 
 if __name__ == "__main__":

@@ -342,7 +342,7 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     lines = [
         f"Scripted siblings (two walkthrough wins and two stalling failures per game, scored with the policy's own "
         f"log-probs), policy `{first['model']}`, history window {first['history_window']}; a foreign guidance is "
-        "another task's. The gap share is the quoted actions' summed shift over their summed gap (the mean over "
+        "another task's. The correlation's 95 % interval resamples whole trajectories. The gap share is the quoted actions' summed shift over their summed gap (the mean over "
         "their tokens of -log pi without guidance): 1 means the guidance makes them certain.",
         "",
         "| figure | " + " | ".join(f"{column(r, label)}, own guidance | {column(r, label)}, foreign"
@@ -366,9 +366,22 @@ def pi_specificity(*results: dict[str, Any]) -> str:
         row("gap share, quoted actions", lambda r: r["gap_share_own_quoted"], lambda r: r["gap_share_foreign_quoted"]),
         "",
         "Correlation of the own and foreign shifts over the actions: " + "; ".join(
-            f"{column(r, label)} {r['correlation']:.2f}" for r, label in zip(results, labels)) + ".",
+            f"{column(r, label)} {_correlation(r)}" for r, label in zip(results, labels)) + ".",
     ]
     return "\n".join(lines)
+
+
+def _correlation(result: dict[str, Any]) -> str:
+    """A pi_specificity correlation, with its interval over trajectories and the within-outcome ones where the
+    result has them."""
+    text = f"{result['correlation']:.2f}"
+    if result.get("correlation_interval_95"):
+        low, high = result["correlation_interval_95"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    if "correlation_by_outcome" in result:
+        within = {k: "undefined" if v is None else f"{v:.2f}" for k, v in result["correlation_by_outcome"].items()}
+        text += f" (within won trajectories {within['won']}, within failed {within['failed']})"
+    return text
 
 
 def _wall_and_precision(run: dict[str, Any]) -> tuple[str, str]:

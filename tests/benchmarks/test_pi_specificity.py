@@ -79,4 +79,46 @@ def test_plain_logprobs_and_gap_shares(pi_specificity, tiny_model_dir, tmp_path,
     gap = sum(-s["plain_logprob"] for s in quoted)
     assert written["gap_share_own_quoted"] == pytest.approx(sum(s["own_pi"] for s in quoted) / gap)
     assert written["gap_share_foreign_quoted"] == pytest.approx(sum(s["foreign_pi"] for s in quoted) / gap)
+    assert written == {**written, **pi_specificity.correlation_figures(shifts)}  # the figures of its own shifts
     assert "share of the quoted actions' gap" in capsys.readouterr().out
+
+
+def _record(trajectory, won, own, foreign):
+    return {"trajectory": trajectory, "won": won, "own_pi": own, "foreign_pi": foreign}
+
+
+def test_correlation_figures_by_hand(pi_specificity):
+    # won trajectory 0: foreign follows own exactly (+1); failed trajectory 1: foreign runs against own (-1)
+    shifts = [_record(0, True, 0.0, 0.0), _record(0, True, 1.0, 1.0), _record(0, True, 2.0, 2.0),
+              _record(1, False, 0.0, 2.0), _record(1, False, 1.0, 1.0), _record(1, False, 2.0, 0.0)]
+    figures = pi_specificity.correlation_figures(shifts, resamples=200)
+    assert figures["correlation_by_outcome"] == {"won": pytest.approx(1.0), "failed": pytest.approx(-1.0)}
+    # pooled: own (0,1,2,0,1,2) against foreign (0,1,2,2,1,0): covariance 0, so no correlation
+    assert figures["correlation"] == pytest.approx(0.0, abs=1e-12)
+    low, high = figures["correlation_interval_95"]
+    # a replicate draws trajectory 0 twice (+1), trajectory 1 twice (-1) or each once (0)
+    assert low == pytest.approx(-1.0) and high == pytest.approx(1.0)
+
+
+def test_correlation_figures_leave_undefined_ones_out(pi_specificity):
+    # every action of the failed trajectory has the same foreign shift: no correlation there
+    shifts = [_record(0, True, 0.0, 1.0), _record(0, True, 1.0, 2.0), _record(1, False, 0.0, 0.5),
+              _record(1, False, 3.0, 0.5)]
+    figures = pi_specificity.correlation_figures(shifts, resamples=100)
+    assert figures["correlation_by_outcome"] == {"won": pytest.approx(1.0), "failed": None}
+    one_trajectory = pi_specificity.correlation_figures(shifts[:2], resamples=100)
+    assert one_trajectory["correlation"] == pytest.approx(1.0) and one_trajectory["correlation_interval_95"] is None
+
+
+def test_resummarize_recomputes_a_written_result_in_place(pi_specificity, tmp_path):
+    shifts = [_record(0, True, 0.0, 0.0), _record(0, True, 1.0, 1.0), _record(1, False, 0.0, 1.0),
+              _record(1, False, 1.0, 0.0)]
+    path = tmp_path / "pi_specificity.json"
+    path.write_text(json.dumps({"shifts": shifts, "correlation": 0.9, "provenance": {"command": "the run"}}))
+    results = pi_specificity.main(["--resummarize", str(path)])
+    written = json.loads(path.read_text())
+    assert written == json.loads(json.dumps(results))
+    assert written["shifts"] == shifts and written["provenance"] == {"command": "the run"}
+    assert written["correlation"] == pytest.approx(0.0, abs=1e-12)  # (0,1,0,1) against (0,1,1,0)
+    assert written["correlation_by_outcome"] == {"won": pytest.approx(1.0), "failed": pytest.approx(-1.0)}
+    assert "--resummarize" in written["resummarized"]["command"]

@@ -294,3 +294,10 @@ def test_the_warm_start_build_reads_its_rebuild_check(page):
     assert "training data the same, adapter bit for bit against the shipped one" in text
     build["check"].update(same_data=False, largest_relative_difference=0.0042)
     assert "training data different, adapter largest relative difference 0.0042 against" in page.warm_start_build(build)
+
+
+def test_pi_specificity_correlation_reads_with_its_interval_and_within_outcome_figures(page):
+    bare = {"correlation": 0.5795}
+    assert page._correlation(bare) == "0.58"  # a result written before the interval existed
+    full = {**bare, "correlation_interval_95": [0.4256, 0.7128], "correlation_by_outcome": {"won": 0.1, "failed": None}}
+    assert page._correlation(full) == "0.58 [0.43, 0.71] (within won trajectories 0.10, within failed undefined)"
