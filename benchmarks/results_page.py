@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from taspo_trl.credit.quality import credit_verdict
+from taspo_trl.warmstart import shipped_warm_start_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the evaluation's own table, from the script beside this one
 import warm_start_eval  # noqa: E402
@@ -279,6 +280,17 @@ def curve_statement(result: dict[str, Any]) -> str:
     return f"{scope}{changes} " + "; ".join(findings) + "." + single
 
 
+def _which_warm_start(warm_start: dict[str, Any]) -> str:
+    """Whether a run's warm start is the one the package ships now, told by the hash of its training rows."""
+    data = warm_start.get("data_sha256")
+    if not data:
+        return "a warm start built on first use"
+    shipped_record = shipped_warm_start_dir(warm_start["name"]) / "warm_start.json"
+    shipped = json.loads(shipped_record.read_text()).get("data_sha256") if shipped_record.exists() else None
+    which = "the shipped warm start" if data == shipped else "an earlier warm start, not the one shipped now"
+    return f"{which}, training rows {data[:12]}"
+
+
 def learning_curve(result: dict[str, Any], figure: str = "learning_curve_cpu.png") -> str:
     """Success on the fixed evaluation games per method and evaluation with its seed-and-game bootstrap interval,
     the paired differences from GRPO, the detectable difference and each run's wall time."""
@@ -287,7 +299,7 @@ def learning_curve(result: dict[str, Any], figure: str = "learning_curve_cpu.png
     lines = [curve_statement(result), "",
              f"![success against step per method, and the paired differences from GRPO](results/{figure})",
              "",
-             f"From `{identity['warm_start']['name']}`: the quickstart recipes"
+             f"From `{identity['warm_start']['name']}` ({_which_warm_start(identity['warm_start'])}): the quickstart recipes"
              + (f" with `{' '.join(config['overrides'])}`" if config["overrides"] else "")
              + f" for {config['steps']} steps on "
              f"{6 * config['train_games_per_type']} train games it never saw (seed {config['train_games_seed']}), "
@@ -598,7 +610,8 @@ def _summary_replication(*results: dict[str, Any]) -> str:
 
 
 def _summary_curve(result: dict[str, Any]) -> str:
-    return curve_statement(result)
+    which = _which_warm_start(result["identity"]["warm_start"])
+    return ("" if which.startswith("the shipped") else f"From {which}. ") + curve_statement(result)
 
 
 def _pi_labels(results: tuple[dict[str, Any], ...]) -> list[str]:

@@ -301,3 +301,14 @@ def test_pi_specificity_correlation_reads_with_its_interval_and_within_outcome_f
     assert page._correlation(bare) == "0.58"  # a result written before the interval existed
     full = {**bare, "correlation_interval_95": [0.4256, 0.7128], "correlation_by_outcome": {"won": 0.1, "failed": None}}
     assert page._correlation(full) == "0.58 [0.43, 0.71] (within won trajectories 0.10, within failed undefined)"
+
+
+def test_a_learning_curve_says_whether_it_started_from_the_shipped_warm_start(page):
+    name = "embedded:smollm2-135m-alfworld"
+    shipped = json.loads((page.shipped_warm_start_dir(name) / "warm_start.json").read_text())["data_sha256"]
+    assert page._which_warm_start({"name": name, "data_sha256": shipped}) == (
+        f"the shipped warm start, training rows {shipped[:12]}")
+    other = "0" * 64
+    assert page._which_warm_start({"name": name, "data_sha256": other}) == (
+        "an earlier warm start, not the one shipped now, training rows 000000000000")
+    assert page._which_warm_start({"name": name}) == "a warm start built on first use"
