@@ -543,7 +543,8 @@ CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
 CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start, sampled siblings
 CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the warm start before it
 CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the previous one, played again on another CPU
-WARM_START_EVAL = ("warm_start_eval.json",)  # the shipped warm start
+# the warm start issue 54 was filed on (six games, d9ee461), then the shipped one, on the same games
+WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval.json")
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
