@@ -270,6 +270,11 @@ def curve_statement(result: dict[str, Any]) -> str:
         f" {method}'s success went from {e['success'][0]['mean']:.3f} at step {c['from_step']} to "
         f"{e['success'][-1]['mean']:.3f} at step {c['to_step']}: a change of {_interval(c, True)} ({c['verdict']})."
         for method, e in result["methods"].items() if (c := e.get("change")))
+    unfinished = "".join(
+        f" Unfinished, {run['method']} seed {run['seed']}: success {run['points'][0]['success']:.3f} at step "
+        f"{run['points'][0]['step']}, {run['points'][-1]['success']:.3f} at step {run['points'][-1]['step']}."
+        for run in result["runs"] if not run["done"] and len(run["points"]) > 1)
+    changes += unfinished
     if not against:
         return f"{scope}{changes} No method can be compared with GRPO yet."
     findings = [f"{m} minus GRPO at step {a['last_step']}: {_interval(a['last'], True)}, {a['last']['verdict']}; "
@@ -416,19 +421,25 @@ def quickstart(*results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_and_amx(result: dict[str, Any]) -> str:
+    """The CPU a result was measured on, and whether it has AMX (which computes bf16 matmuls much faster)."""
+    provenance = result["provenance"]
+    return provenance["cpu_model"] + (" with AMX" if "amx_bf16" in provenance.get("cpu_flags", []) else " without AMX")
+
+
 def decode_pace(*results: dict[str, Any]) -> str:
     """The CPU sampler against the hardware: decode ms per token step beside the weight-read limit, prefill
     throughput beside the matmul throughput, before and after its speed-ups, one row per run (precision)."""
-    lines = ["| precision | sampler | decode ms a step | x the weight-read limit | prefill tokens/s | prefill TFLOP/s |",
+    lines = ["| CPU, precision | sampler | decode ms a step | x the weight-read limit | prefill tokens/s | prefill TFLOP/s |",
              "|---|---|---|---|---|---|"]
     for r in results:
         for name in (name for name in ("before", "unfused", "after") if name in r):  # runs before the fused step: 2
             run = r[name]
-            lines.append(f"| {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | {run['times_the_limit']:.2f} | "
+            lines.append(f"| {_cpu_and_amx(r)}, {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | {run['times_the_limit']:.2f} | "
                          f"{run['prefill_tokens_per_s']:.0f} | {run['prefill_tflop_s']:.3f} |")
     for r in results:
         s = r["settings"]
-        lines += ["", f"{r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token prompts, {s['new_tokens']} new "
+        lines += ["", f"{_cpu_and_amx(r)}, {r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token prompts, {s['new_tokens']} new "
                   f"tokens, {s['threads']} threads, medians of {s['reps']}; read bandwidth {r['read_bandwidth_gb_s']} GB/s "
                   f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
                   f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; with `generate`'s draw, "
@@ -546,8 +557,10 @@ CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # th
 # the warm start issue 54 was filed on (six games, d9ee461), then the shipped one, on the same games
 WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval.json")
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
-DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json")  # one run each, before/after alternating
-LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # the cpu setting with --set learning_rate 5e-5
+# one run each, before/after alternating: Intel Xeon with AMX (bf16, float32), AMD EPYC with AVX512-BF16 (bf16)
+DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json", "decode_pace_bf16_avx512.json")
+LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the shipped warm start, --set learning_rate 2e-5
+LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
 QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the README's first command, empty cache, from a clone
 
 QUICKSTART_TITLE = "The first command from a fresh clone"
@@ -558,8 +571,9 @@ CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with the previous warm start
 CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
 SEARCH_TITLE = "Credit quality on Search-QA, every method"
 WEBSHOP_TITLE = "Credit quality on WebShop, every method"
-CURVE_TITLE = "Learning-curve pilot, CPU setting"
-CURVE_LR_TITLE = "Learning-curve pilot: GRPO at five times the learning rate"
+CURVE_SHIPPED_TITLE = "Learning-curve pilot on the shipped warm start: GRPO at twice the learning rate"
+CURVE_TITLE = "Learning-curve pilot on an earlier warm start, CPU setting"
+CURVE_LR_TITLE = "Learning-curve pilot on an earlier warm start: GRPO at five times the learning rate"
 
 SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (QUICKSTART_TITLE, QUICKSTART, quickstart),
@@ -571,6 +585,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
     (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
     (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
+    (CURVE_SHIPPED_TITLE, (LEARNING_CURVE_SHIPPED,),
+     lambda result: learning_curve(result, LEARNING_CURVE_SHIPPED.replace(".json", ".png"))),
     (CURVE_TITLE, ("learning_curve_cpu.json",), learning_curve),
     (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
@@ -662,9 +678,10 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
      _summary_replication),
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", SEARCH_TITLE, _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", WEBSHOP_TITLE, _summary_verdicts),
-    ("Learning curves, CPU setting: GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games", CURVE_TITLE,
-     _summary_curve),
-    ("Learning-curve pilot: GRPO with learning rate 5e-5 (five times the recipe's)", CURVE_LR_TITLE, _summary_curve),
+    ("Learning curves, CPU setting (GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games): pilot on the "
+     "shipped warm start, GRPO with learning rate 2e-5 (twice the recipe's)", CURVE_SHIPPED_TITLE, _summary_curve),
+    ("Learning-curve pilot, GRPO at the recipe's learning rate 1e-5", CURVE_TITLE, _summary_curve),
+    ("Learning-curve pilot, GRPO with learning rate 5e-5 (five times the recipe's)", CURVE_LR_TITLE, _summary_curve),
 ]
 """The README's rows: what the figure is, the title of the results section it summarises (and links to), and the
 function that summarises that section's files."""

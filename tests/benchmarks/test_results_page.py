@@ -312,3 +312,13 @@ def test_a_learning_curve_says_whether_it_started_from_the_shipped_warm_start(pa
     assert page._which_warm_start({"name": name, "data_sha256": other}) == (
         "an earlier warm start, not the one shipped now, training rows 000000000000")
     assert page._which_warm_start({"name": name}) == "a warm start built on first use"
+
+
+def test_a_curve_with_only_unfinished_runs_states_where_they_stand(page):
+    run = {"method": "grpo", "seed": 0, "done": False,
+           "points": [{"step": 0, "success": 0.25}, {"step": 10, "success": 0.2}, {"step": 20, "success": 0.1}]}
+    started = {"method": "grpo", "seed": 1, "done": False, "points": [{"step": 0, "success": 0.25}]}
+    result = {"planned": {"methods": ["grpo", "taspo"], "seeds": [0, 1]}, "runs": [run, started], "methods": {}}
+    assert page.curve_statement(result) == (
+        "A pilot, not the full run: 0 of 4 runs finished. Unfinished, grpo seed 0: success 0.250 at step 0, 0.100 at "
+        "step 20. No method can be compared with GRPO yet.")
