@@ -285,15 +285,26 @@ def curve_statement(result: dict[str, Any]) -> str:
     return f"{scope}{changes} " + "; ".join(findings) + "." + single
 
 
-def _which_warm_start(warm_start: dict[str, Any]) -> str:
+def _started_from_shipped(warm_start: dict[str, Any]) -> bool:
     """Whether a run's warm start is the one the package ships now, told by the hash of its training rows."""
+    record = shipped_warm_start_dir(warm_start["name"]) / "warm_start.json"
+    data = warm_start.get("data_sha256")
+    return bool(data) and record.exists() and json.loads(record.read_text()).get("data_sha256") == data
+
+
+def _which_warm_start(warm_start: dict[str, Any]) -> str:
+    """A run's warm start in words: the shipped one or an earlier one, with its training rows' hash."""
     data = warm_start.get("data_sha256")
     if not data:
         return "a warm start built on first use"
-    shipped_record = shipped_warm_start_dir(warm_start["name"]) / "warm_start.json"
-    shipped = json.loads(shipped_record.read_text()).get("data_sha256") if shipped_record.exists() else None
-    which = "the shipped warm start" if data == shipped else "an earlier warm start, not the one shipped now"
+    shipped = _started_from_shipped(warm_start)
+    which = "the shipped warm start" if shipped else "an earlier warm start, not the one shipped now"
     return f"{which}, training rows {data[:12]}"
+
+
+def _curve_section(file_name: str) -> Callable[[dict[str, Any]], str]:
+    """The learning-curve section of ``file_name``, with the figure saved beside it."""
+    return lambda result: learning_curve(result, file_name.replace(".json", ".png"))
 
 
 def learning_curve(result: dict[str, Any], figure: str = "learning_curve_cpu.png") -> str:
@@ -359,8 +370,9 @@ def pi_specificity(*results: dict[str, Any]) -> str:
     lines = [
         f"Scripted siblings (two walkthrough wins and two stalling failures per game, scored with the policy's own "
         f"log-probs), policy `{first['model']}`, history window {first['history_window']}; a foreign guidance is "
-        "another task's. The correlation's 95 % interval resamples whole trajectories. The gap share is the quoted actions' summed shift over their summed gap (the mean over "
-        "their tokens of -log pi without guidance): 1 means the guidance makes them certain.",
+        "another task's. The correlation's 95 % interval resamples whole trajectories. The gap share is the quoted "
+        "actions' summed shift over their summed gap (the mean over their tokens of -log pi without guidance): 1 "
+        "means the guidance makes them certain.",
         "",
         "| figure | " + " | ".join(f"{column(r, label)}, own guidance | {column(r, label)}, foreign"
                                       for r, label in zip(results, labels)) + " |",
@@ -435,12 +447,14 @@ def decode_pace(*results: dict[str, Any]) -> str:
     for r in results:
         for name in (name for name in ("before", "unfused", "after") if name in r):  # runs before the fused step: 2
             run = r[name]
-            lines.append(f"| {_cpu_and_amx(r)}, {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | {run['times_the_limit']:.2f} | "
-                         f"{run['prefill_tokens_per_s']:.0f} | {run['prefill_tflop_s']:.3f} |")
+            lines.append(f"| {_cpu_and_amx(r)}, {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | "
+                         f"{run['times_the_limit']:.2f} | {run['prefill_tokens_per_s']:.0f} | "
+                         f"{run['prefill_tflop_s']:.3f} |")
     for r in results:
         s = r["settings"]
-        lines += ["", f"{_cpu_and_amx(r)}, {r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token prompts, {s['new_tokens']} new "
-                  f"tokens, {s['threads']} threads, medians of {s['reps']}; read bandwidth {r['read_bandwidth_gb_s']} GB/s "
+        lines += ["", f"{_cpu_and_amx(r)}, {r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token "
+                  f"prompts, {s['new_tokens']} new tokens, {s['threads']} threads, medians of {s['reps']}; read "
+                  f"bandwidth {r['read_bandwidth_gb_s']} GB/s "
                   f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
                   f"matmul {r['matmul_tflop_s']} TFLOP/s; decode x{r['decode_speedup']} faster; with `generate`'s draw, "
                   f"the same samples for a seed as before: {'yes' if r['same_samples_with_generates_draw'] else 'NO'}."
@@ -585,10 +599,9 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
     (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
     (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
-    (CURVE_SHIPPED_TITLE, (LEARNING_CURVE_SHIPPED,),
-     lambda result: learning_curve(result, LEARNING_CURVE_SHIPPED.replace(".json", ".png"))),
+    (CURVE_SHIPPED_TITLE, (LEARNING_CURVE_SHIPPED,), _curve_section(LEARNING_CURVE_SHIPPED)),
     (CURVE_TITLE, ("learning_curve_cpu.json",), learning_curve),
-    (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), lambda result: learning_curve(result, LEARNING_CURVE_LR.replace(".json", ".png"))),
+    (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), _curve_section(LEARNING_CURVE_LR)),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
     ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check.json",),
@@ -627,8 +640,9 @@ def _summary_replication(*results: dict[str, Any]) -> str:
 
 
 def _summary_curve(result: dict[str, Any]) -> str:
-    which = _which_warm_start(result["identity"]["warm_start"])
-    return ("" if which.startswith("the shipped") else f"From {which}. ") + curve_statement(result)
+    warm_start = result["identity"]["warm_start"]
+    origin = "" if _started_from_shipped(warm_start) else f"From {_which_warm_start(warm_start)}. "
+    return origin + curve_statement(result)
 
 
 def _pi_labels(results: tuple[dict[str, Any], ...]) -> list[str]:
