@@ -11,6 +11,7 @@ independent forwards the expectations are built from."""
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -100,15 +101,17 @@ def chat_prompt_ids(tokenizer, user_text: str) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
-_LOGPROBS: dict[tuple, torch.Tensor] = {}
+_LOGPROBS: "weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, torch.Tensor]]" = weakref.WeakKeyDictionary()
+"""Per model object (not its ``id``, which a later model may reuse once this one is freed)."""
 
 
 def response_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
     """log pi(response | prompt) token by token (float64), from one plain forward (kept: the forwards of one step
-    are reused by several expectations)."""
-    key = (id(model), tuple(prompt), tuple(response))
-    if key not in _LOGPROBS:
+    are reused by several expectations, so score a model only once its weights no longer change)."""
+    kept = _LOGPROBS.setdefault(model, {})
+    key = (tuple(prompt), tuple(response))
+    if key not in kept:
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + response]), logits_to_keep=len(response) + 1).logits[0, :-1]
-        _LOGPROBS[key] = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
-    return _LOGPROBS[key]
+        kept[key] = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+    return kept[key]

@@ -18,17 +18,7 @@ from datasets import Dataset
 from taspo_trl import AgentGRPOConfig, AgentGRPOTrainer, TASPOConfig, TASPOTrainer
 from taspo_trl.envs.alfworld import task_spec_rows
 from tests.helpers.cpu_config import cpu_trainer_kwargs
-from tests.helpers.one_step import MAX_TURNS, train_one_step
-
-
-def _row_logprobs(model, row: dict[str, torch.Tensor], r: int) -> torch.Tensor:
-    """log pi of row ``r``'s completion tokens (float64) given its prompt, one plain forward."""
-    prompt = row["prompt_ids"][r][row["prompt_mask"][r].bool()]
-    completion = row["completion_ids"][r][row["completion_mask"][r].bool()]
-    ids = torch.cat([prompt, completion])[None]
-    with torch.no_grad():
-        logits = model(input_ids=ids, logits_to_keep=len(completion) + 1).logits[0, :-1].double()
-    return torch.log_softmax(logits, -1).gather(1, completion[:, None]).squeeze(1)
+from tests.helpers.one_step import MAX_TURNS, response_logprobs, train_one_step
 
 
 def _likelihoods(model, seen: list[dict[str, torch.Tensor]], tokenizer, won_only: set[str], failed_only: set[str]
@@ -43,7 +33,8 @@ def _likelihoods(model, seen: list[dict[str, torch.Tensor]], tokenizer, won_only
             completion = row["completion_mask"][r].bool()
             if not completion.any():
                 continue
-            logprobs = _row_logprobs(model, row, r)
+            prompt = row["prompt_ids"][r][row["prompt_mask"][r].bool()]
+            logprobs = response_logprobs(model, prompt.tolist(), row["completion_ids"][r][completion].tolist())
             advantages = row["advantages"][r][completion].double()
             objective += float((advantages * row["tool_mask"][r][completion].double() * logprobs).sum())
             text = tokenizer.decode(row["completion_ids"][r][completion])
