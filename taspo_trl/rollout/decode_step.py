@@ -8,7 +8,8 @@ single number the model computes:
   where the plain layout's matmul spends most of its time outside the memory reads.
 - ``FusedDecodeStep``: for the Llama layout (Llama, Qwen2, Mistral), q/k/v and gate/up multiply as one blocked
   matrix each, and the step calls the model's own norms, rotary embedding, attention function and cache layers
-  directly, without the per-call bookkeeping of the model's modules and decorators.
+  directly, without the per-call bookkeeping of the model's modules and decorators. LoRA adapters (PEFT) add their
+  terms to each projection's slice of the stacked product as PEFT's layer adds them to the projection's output.
 
 Both are used only where ``_blocked_layout_agrees`` found, on this CPU, that the blocked matmul gives every column
 the plain matmul's bits, whether or not its weight is stacked with others.
@@ -99,24 +100,63 @@ def _stacked(linears: tuple[torch.nn.Linear, ...]) -> tuple[torch.Tensor, torch.
     return _blocked(torch.cat([linear.weight for linear in linears])), bias
 
 
+def _unwrapped(model: Any) -> Any:
+    """The transformers model under a PEFT wrapper (itself where there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _rotate(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """The Llama layout's rotary embedding (``apply_rotary_pos_emb`` of one tensor, ``cos``/``sin`` unsqueezed)."""
     half = states.shape[-1] // 2
     return states * cos + torch.cat((-states[..., half:], states[..., :half]), dim=-1) * sin
 
 
+def _adapters(linear: Any) -> list[tuple[Any, Any, Any, float]]:
+    """The (dropout, A, B, scaling) of each LoRA adapter that PEFT's forward of ``linear`` applies, in its order;
+    empty for a plain linear layer."""
+    if not hasattr(linear, "lora_A"):
+        return []
+    return [(linear.lora_dropout[name], linear.lora_A[name], linear.lora_B[name], linear.scaling[name])
+            for name in linear.active_adapters if name in linear.lora_A]
+
+
+def _plain_lora(linear: Any) -> bool:
+    """Whether ``linear`` is PEFT's LoRA linear layer over a ``_DecodeLinear`` whose forward is the base output plus
+    ``B(A(dropout(x))) * scaling`` per active adapter: adapters on and not merged, no DoRA or other variant."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    return (type(linear) is LoraLinear and type(linear.base_layer) is _DecodeLinear and not linear.disable_adapters
+            and not linear.merged and not any(name in linear.lora_variant for name in linear.active_adapters))
+
+
+def _with_adapters(product: torch.Tensor, linears: tuple[Any, ...], rows_in: torch.Tensor) -> torch.Tensor:
+    """The stacked ``product`` of ``linears`` with each one's LoRA terms added to its own columns, as PEFT adds them
+    to that layer's output (the same operations in the same order, so the same numbers)."""
+    if not any(hasattr(linear, "lora_A") for linear in linears):
+        return product
+    columns, start = [], 0
+    for linear in linears:
+        result = product[:, start : start + linear.out_features]
+        start += linear.out_features
+        for dropout, lora_a, lora_b, scaling in _adapters(linear):
+            result = result + lora_b(lora_a(dropout(linear._cast_input_dtype(rows_in, lora_a.weight.dtype)))) * scaling
+        columns.append(result)
+    return torch.cat(columns, dim=-1)
+
+
 class FusedDecodeStep:
     """One decode step of a Llama-layout compute-dtype copy, computing the numbers its forward computes.
 
-    ``for_model(model)`` returns the step kept on the copy, or ``None`` where the model is not of the Llama layout,
-    attends with anything but SDPA, has a linear layer that is not a plain ``_DecodeLinear`` (LoRA adapters), or has
-    a forward hook anywhere (which the step would bypass). Call it under the sampler's autocast with the step's
-    token ids, their positions and the whole attention mask so far; it returns the logits of the new position.
+    ``for_model(model)`` returns the step kept on the copy, or ``None`` where the model is not of the Llama layout
+    (bare or under PEFT's LoRA), attends with anything but SDPA, has a linear layer that is neither a plain
+    ``_DecodeLinear`` nor a plain LoRA layer over one (adapters off or merged, DoRA), or has a forward hook anywhere
+    (which the step would bypass). Call it under the sampler's autocast with the step's token ids, their positions
+    and the whole attention mask so far; it returns the logits of the new position.
     """
 
     def __init__(self, model: Any):
-        self.model = model
-        self.inner = model.model
+        self.model = _unwrapped(model)
+        self.inner = self.model.model
         self.config = self.inner.config
         self.attend = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         takes_cache = "cache" in inspect.signature(create_causal_mask).parameters
@@ -132,28 +172,32 @@ class FusedDecodeStep:
 
     @classmethod
     def for_model(cls, model: Any) -> FusedDecodeStep | None:
+        # Checked at every call (once per generate): adapters can be switched off or merged, hooks added, in between.
+        if not cls._fits(model):
+            return None
         if model not in _STEPS:
-            _STEPS[model] = cls(model) if cls._fits(model) else None
+            _STEPS[model] = cls(model)
         return _STEPS[model]
 
     @staticmethod
     def _fits(model: Any) -> bool:
-        if type(model).__name__ not in _LLAMA_LAYOUT or getattr(model.config, "_attn_implementation", None) != "sdpa":
+        base = _unwrapped(model)
+        if type(base).__name__ not in _LLAMA_LAYOUT or getattr(base.config, "_attn_implementation", None) != "sdpa":
             return False
         if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
             return False
         if any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()):
             return False
-        for layer in model.model.layers:
+        for layer in base.model.layers:
             attention, mlp = layer.self_attn, layer.mlp
             linears = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj,
                        mlp.up_proj, mlp.down_proj)
-            if any(type(linear) is not _DecodeLinear for linear in linears):
+            if any(type(linear) is not _DecodeLinear and not _plain_lora(linear) for linear in linears):
                 return False
             if (attention.q_proj.bias is None) != (attention.k_proj.bias is None) or (mlp.gate_proj.bias is None) != (
                     mlp.up_proj.bias is None):
                 return False
-        return type(model.lm_head) is _DecodeLinear
+        return type(base.lm_head) is _DecodeLinear
 
     def _refresh(self) -> None:
         """Stacks each group's weights (and biases) again when any of them changed since."""
@@ -176,7 +220,8 @@ class FusedDecodeStep:
             stacked_qkv, stacked_gate_up = self._stacked[index]
             norm = layer.input_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
-            qkv = _blocked_matmul(normed.to(attention.q_proj.weight.dtype).reshape(rows, -1), *stacked_qkv)
+            normed = normed.to(attention.q_proj.weight.dtype).reshape(rows, -1)
+            qkv = _with_adapters(_blocked_matmul(normed, *stacked_qkv), self.groups[index][0], normed)
             # The rotary embedding of queries and keys in one pass: elementwise, so each element as when apart.
             rotated = _rotate(qkv[:, : self.query_key].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
             query, key = rotated[:, : self.heads].contiguous(), rotated[:, self.heads :]
@@ -187,6 +232,7 @@ class FusedDecodeStep:
             norm = layer.post_attention_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
             normed = normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1)
-            gate, up = _blocked_matmul(normed, *stacked_gate_up).chunk(2, dim=-1)
+            gate, up = _with_adapters(_blocked_matmul(normed, *stacked_gate_up), self.groups[index][1],
+                                      normed).chunk(2, dim=-1)
             hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up).view(rows, 1, -1)
         return self.model.lm_head(inner.norm(hidden))[:, -1]

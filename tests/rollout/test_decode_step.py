@@ -94,13 +94,47 @@ def test_no_fused_step_where_it_would_bypass_the_models_forward(model_dir):
     assert FusedDecodeStep.for_model(ComputeDtypeCopy(torch.bfloat16).of(model)) is not None
 
 
-@needs_blocked_bf16
-def test_no_fused_step_for_a_lora_model(tmp_path, embedded_model_path):
+def _lora_model(model_dir: str, **config):
+    """The tiny model under LoRA adapters on every projection, with random A and B (PEFT's default starts B at zero,
+    where the adapters would add nothing to check)."""
     from peft import LoraConfig, get_peft_model
 
+    settings = dict(r=4, lora_alpha=8, lora_dropout=0.1, init_lora_weights=False,
+                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    return get_peft_model(_load(model_dir), LoraConfig(**(settings | config)))
+
+
+@needs_blocked_bf16
+def test_the_fused_step_gives_a_lora_models_logits_bit_for_bit(model_dir):
+    model = _lora_model(model_dir)
+    copier = ComputeDtypeCopy(torch.bfloat16)
+    copy = copier.of(model)
+    ids, mask = _padded_batch(model.config.vocab_size)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        before = _steps_both_ways(copy, ids, mask)
+        for theirs, ours in before:
+            assert torch.equal(theirs, ours)
+        adapted = copy(input_ids=ids, attention_mask=mask).logits
+        with copy.disable_adapter():  # the adapters change the logits compared above
+            assert not torch.equal(copy(input_ids=ids, attention_mask=mask).logits, adapted)
+        # A trained step moves only the adapters: the copy refreshes them, and the fused step uses the new ones.
+        layer = model.get_base_model().model.layers[1]
+        layer.self_attn.v_proj.lora_B["default"].weight.mul_(3.0)
+        layer.mlp.gate_proj.lora_A["default"].weight.mul_(-2.0)
+        after = _steps_both_ways(copier.of(model), ids, mask, steps=2)
+        for (theirs, ours), (old, _) in zip(after, before):
+            assert torch.equal(theirs, ours) and not torch.equal(theirs, old)
+
+
+@needs_blocked_bf16
+def test_no_fused_step_for_lora_adapters_it_does_not_compute(tmp_path, embedded_model_path):
     model_dir = make_tiny_model_dir(tmp_path, tokenizer_source=embedded_model_path)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    copy = ComputeDtypeCopy(torch.bfloat16).of(model)
+    copy = ComputeDtypeCopy(torch.bfloat16).of(_lora_model(model_dir))
+    assert FusedDecodeStep.for_model(copy) is not None
+    with copy.disable_adapter():
+        assert FusedDecodeStep.for_model(copy) is None
+    assert FusedDecodeStep.for_model(copy) is not None
+    dora = ComputeDtypeCopy(torch.bfloat16).of(_lora_model(model_dir, use_dora=True))
+    assert FusedDecodeStep.for_model(dora) is None
+    copy.merge_adapter()
     assert FusedDecodeStep.for_model(copy) is None
-    assert FusedDecodeStep.for_model(copy.get_base_model()) is None  # its q and v layers carry adapters

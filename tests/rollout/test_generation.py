@@ -179,12 +179,21 @@ def test_the_compute_dtype_copy_computes_what_autocast_computes_on_the_float32_m
     assert torch.equal(_autocast_logits(mirror, ids), _autocast_logits(model, ids))
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_dir, chat, tmp_path, fused):
+@pytest.mark.parametrize(("fused", "lora"), [(False, False), (True, False), (True, True)])
+def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_dir, chat, tmp_path, fused, lora,
+                                                                     monkeypatch):
     """After a step, the next samples' recorded log-probs are those of the updated model (a fresh autocast
     forward); after loading a checkpoint's weights, those of the checkpoint. The fused AdamW (transformers' default
-    ``adamw_torch_fused``) updates the weights without moving their version counters."""
+    ``adamw_torch_fused``) updates the weights without moving their version counters. With LoRA adapters (PEFT)
+    only the adapters train."""
     model = AutoModelForCausalLM.from_pretrained(tied_model_dir, dtype=torch.float32)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
+    fused_steps = []
+    decode = FusedDecodeStep.__call__
+    monkeypatch.setattr(FusedDecodeStep, "__call__", lambda step, *args: fused_steps.append(1) or decode(step, *args))
     generator = TransformersGenerator(model, chat.tokenizer, max_new_tokens=12, temperature=1.0,
                                       autocast_dtype=torch.bfloat16)
     prompt = chat.first_prompt_ids("open the locker")
@@ -200,7 +209,7 @@ def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_
     assert recorded_against_fresh_forward() < 1e-2
     model.save_pretrained(tmp_path / "checkpoint")
     saved = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=fused)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05, fused=fused)
     loss = model(torch.tensor([prompt]), labels=torch.tensor([prompt])).loss
     loss.backward()
     optimizer.step()
@@ -209,6 +218,7 @@ def test_the_copy_follows_an_optimizer_step_and_a_resumed_checkpoint(tied_model_
     model.load_state_dict(saved)  # what resuming from the checkpoint does to the model's tensors
     assert recorded_against_fresh_forward() < 1e-2
     assert generator.compute_copy.of(model) is copy_after_step  # refreshed in place, not copied again
+    assert bool(fused_steps) == _blocked_layout_agrees(torch.bfloat16)  # the samples came through the fused step
 
 
 def test_a_stale_copy_would_be_caught(tied_model_dir, chat):
