@@ -18,6 +18,10 @@ linear layers, attention, the rest).
 
     python benchmarks/decode_pace.py                     # bf16 autocast where the CPU computes bf16, else float32
     python benchmarks/decode_pace.py --bf16 false        # float32
+    python benchmarks/decode_pace.py --lora-rank 16      # the model under LoRA adapters on every linear layer (PEFT)
+
+With ``--lora-rank`` the adapters' B starts random rather than at zero (PEFT's default), so that they add numbers as
+trained adapters do; the weight-read limit counts their weights with the base weights (a few per cent more).
 """
 
 from __future__ import annotations
@@ -219,15 +223,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--read-gib", type=float, default=1.0, help="size of the tensor the bandwidth read sums")
     parser.add_argument("--bf16", choices=("true", "false"), default=None,
                         help="bf16 autocast (default: where the CPU computes bf16)")
-    parser.add_argument("--out", default=None, help="default: benchmarks/results/decode_pace_<bf16|float32>.json")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="LoRA adapters of this rank on every linear layer (0: none)")
+    parser.add_argument("--out", default=None,
+                        help="default: benchmarks/results/decode_pace_<bf16|float32>[_lora<rank>].json")
     args = parser.parse_args(argv)
     commit = source_commit(__file__)
     precision = choose_precision(None if args.bf16 is None else args.bf16 == "true", use_cpu=True)
     path = resolve_policy_path(args.model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if args.lora_rank:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
+                                                 target_modules="all-linear", init_lora_weights=False))
     result = {"settings": {"model": args.model, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
-                           "new_tokens": args.new_tokens, "reps": args.reps, "threads": torch.get_num_threads()},
+                           "new_tokens": args.new_tokens, "reps": args.reps, "threads": torch.get_num_threads(),
+                           "lora_rank": args.lora_rank},
               **measure(model, tokenizer, args, precision),
               "provenance": provenance(argv, __file__, commit=commit)}
     print(f"{result['precision']}, {torch.get_num_threads()} threads, batch {args.batch}: read bandwidth "
@@ -243,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"same samples with and without it: {result['same_samples_with_and_without_the_fused_step']}); with "
           "generate's draw (torch.multinomial) the same samples for the seed: "
           f"{result['same_samples_with_generates_draw']}")
-    out = Path(args.out or RESULTS / f"decode_pace_{'bf16' if precision.bf16 else 'float32'}.json")
+    lora = f"_lora{args.lora_rank}" if args.lora_rank else ""
+    out = Path(args.out or RESULTS / f"decode_pace_{'bf16' if precision.bf16 else 'float32'}{lora}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -24,3 +24,15 @@ def test_the_sampler_before_and_after_are_timed_against_the_limit(load_benchmark
     assert shares["linear layers"] > 0 and shares["attention"] > 0
     assert generation.growing_cache is cache and generation.sample_rows is draw  # both samplers are put back
     assert result["provenance"]["command"].startswith("python benchmarks/decode_pace.py --model")
+
+
+def test_a_lora_model_samples_the_same_tokens_with_and_without_the_fused_step(load_benchmark, tmp_path,
+                                                                              tiny_model_dir):
+    decode_pace = load_benchmark("decode_pace")
+    out = tmp_path / "decode_pace_lora.json"
+    decode_pace.main(["--model", tiny_model_dir, "--batch", "3", "--prompt-tokens", "20", "--new-tokens", "16",
+                      "--reps", "1", "--read-gib", "0.01", "--bf16", "true", "--lora-rank", "4", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["settings"]["lora_rank"] == 4
+    assert result["same_samples_with_and_without_the_fused_step"] is True
+    assert result["same_samples_with_generates_draw"] is True
