@@ -442,17 +442,22 @@ def _cpu_and_amx(result: dict[str, Any]) -> str:
 def decode_pace(*results: dict[str, Any]) -> str:
     """The CPU sampler against the hardware: decode ms per token step beside the weight-read limit, prefill
     throughput beside the matmul throughput, before and after its speed-ups, one row per run (precision)."""
+
+    def label(r: dict[str, Any]) -> str:
+        rank = r["settings"].get("lora_rank")
+        return f"{_cpu_and_amx(r)}, {r['precision']}" + (f", LoRA rank {rank} on every linear layer" if rank else "")
+
     lines = ["| CPU, precision | sampler | decode ms a step | x the weight-read limit | prefill tokens/s | prefill TFLOP/s |",
              "|---|---|---|---|---|---|"]
     for r in results:
         for name in (name for name in ("before", "unfused", "after") if name in r):  # runs before the fused step: 2
             run = r[name]
-            lines.append(f"| {_cpu_and_amx(r)}, {r['precision']} | {name} | {run['decode_ms_per_step']:.1f} | "
+            lines.append(f"| {label(r)} | {name} | {run['decode_ms_per_step']:.1f} | "
                          f"{run['times_the_limit']:.2f} | {run['prefill_tokens_per_s']:.0f} | "
                          f"{run['prefill_tflop_s']:.3f} |")
     for r in results:
         s = r["settings"]
-        lines += ["", f"{_cpu_and_amx(r)}, {r['precision']}: batch {s['batch']}, {s['prompt_tokens']}-token "
+        lines += ["", f"{label(r)}: batch {s['batch']}, {s['prompt_tokens']}-token "
                   f"prompts, {s['new_tokens']} new tokens, {s['threads']} threads, medians of {s['reps']}; read "
                   f"bandwidth {r['read_bandwidth_gb_s']} GB/s "
                   f"over {r['linear_weight_mb']} MB of linear weights: a limit of {r['weight_read_limit_ms']} ms a step; "
@@ -571,8 +576,10 @@ CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # th
 # the warm start issue 54 was filed on (six games, d9ee461), then the shipped one, on the same games
 WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval.json")
 PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
-# one run each, before/after alternating: Intel Xeon with AMX (bf16, float32), AMD EPYC with AVX512-BF16 (bf16)
-DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json", "decode_pace_bf16_avx512.json")
+# one run each, before/after alternating: Intel Xeon with AMX (bf16, float32), AMD EPYC with AVX512-BF16 (bf16; and
+# with LoRA adapters of rank 16)
+DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json", "decode_pace_bf16_avx512.json",
+               "decode_pace_bf16_avx512_lora16.json")
 LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the shipped warm start, --set learning_rate 2e-5
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
 QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the README's first command, empty cache, from a clone
