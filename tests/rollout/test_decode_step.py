@@ -63,9 +63,20 @@ def _steps_both_ways(copy, ids, mask, steps=6):
     return pairs
 
 
+def _lora_model(model_dir: str, **config):
+    """The tiny model under LoRA adapters on every projection, with random A and B (PEFT's default starts B at zero,
+    where the adapters would add nothing to check)."""
+    from peft import LoraConfig, get_peft_model
+
+    settings = dict(r=4, lora_alpha=8, lora_dropout=0.1, init_lora_weights=False,
+                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    return get_peft_model(_load(model_dir), LoraConfig(**(settings | config)))
+
+
 @needs_blocked_bf16
-def test_the_fused_step_gives_the_models_logits_bit_for_bit(model_dir):
-    model = _load(model_dir)
+@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
+def test_the_fused_step_gives_the_models_logits_bit_for_bit(model_dir, lora):
+    model = _lora_model(model_dir) if lora else _load(model_dir)
     copier = ComputeDtypeCopy(torch.bfloat16)
     copy = copier.of(model)
     ids, mask = _padded_batch(model.config.vocab_size)
@@ -74,9 +85,19 @@ def test_the_fused_step_gives_the_models_logits_bit_for_bit(model_dir):
         for theirs, ours in before:
             assert theirs.dtype == ours.dtype == torch.bfloat16
             assert torch.equal(theirs, ours)
-        # A trained step moves the weights: the copy refreshes, and the fused step stacks its matrices again.
-        model.model.layers[1].self_attn.k_proj.weight.mul_(1.5)
-        model.model.layers[2].mlp.up_proj.weight.mul_(-1.0)
+        if lora:
+            adapted = copy(input_ids=ids, attention_mask=mask).logits
+            with copy.disable_adapter():  # the adapters change the logits compared above
+                assert not torch.equal(copy(input_ids=ids, attention_mask=mask).logits, adapted)
+        # A trained step moves the weights (under LoRA only the adapters): the copy refreshes, and the fused step
+        # stacks its matrices again or uses the new adapters.
+        layers = (model.get_base_model() if lora else model).model.layers
+        if lora:
+            layers[1].self_attn.v_proj.lora_B["default"].weight.mul_(3.0)
+            layers[2].mlp.gate_proj.lora_A["default"].weight.mul_(-2.0)
+        else:
+            layers[1].self_attn.k_proj.weight.mul_(1.5)
+            layers[2].mlp.up_proj.weight.mul_(-1.0)
         after = _steps_both_ways(copier.of(model), ids, mask, steps=2)
         for (theirs, ours), (old, _) in zip(after, before):
             assert torch.equal(theirs, ours) and not torch.equal(theirs, old)
@@ -92,38 +113,6 @@ def test_no_fused_step_where_it_would_bypass_the_models_forward(model_dir):
     eager = _load(model_dir, attn_implementation="eager")
     assert FusedDecodeStep.for_model(ComputeDtypeCopy(torch.bfloat16).of(eager)) is None
     assert FusedDecodeStep.for_model(ComputeDtypeCopy(torch.bfloat16).of(model)) is not None
-
-
-def _lora_model(model_dir: str, **config):
-    """The tiny model under LoRA adapters on every projection, with random A and B (PEFT's default starts B at zero,
-    where the adapters would add nothing to check)."""
-    from peft import LoraConfig, get_peft_model
-
-    settings = dict(r=4, lora_alpha=8, lora_dropout=0.1, init_lora_weights=False,
-                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    return get_peft_model(_load(model_dir), LoraConfig(**(settings | config)))
-
-
-@needs_blocked_bf16
-def test_the_fused_step_gives_a_lora_models_logits_bit_for_bit(model_dir):
-    model = _lora_model(model_dir)
-    copier = ComputeDtypeCopy(torch.bfloat16)
-    copy = copier.of(model)
-    ids, mask = _padded_batch(model.config.vocab_size)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        before = _steps_both_ways(copy, ids, mask)
-        for theirs, ours in before:
-            assert torch.equal(theirs, ours)
-        adapted = copy(input_ids=ids, attention_mask=mask).logits
-        with copy.disable_adapter():  # the adapters change the logits compared above
-            assert not torch.equal(copy(input_ids=ids, attention_mask=mask).logits, adapted)
-        # A trained step moves only the adapters: the copy refreshes them, and the fused step uses the new ones.
-        layer = model.get_base_model().model.layers[1]
-        layer.self_attn.v_proj.lora_B["default"].weight.mul_(3.0)
-        layer.mlp.gate_proj.lora_A["default"].weight.mul_(-2.0)
-        after = _steps_both_ways(copier.of(model), ids, mask, steps=2)
-        for (theirs, ours), (old, _) in zip(after, before):
-            assert torch.equal(theirs, ours) and not torch.equal(theirs, old)
 
 
 @needs_blocked_bf16
