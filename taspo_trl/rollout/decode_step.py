@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import weakref
 from typing import Any
 
@@ -65,8 +66,8 @@ class _DecodeLinear(torch.nn.Linear):
 @functools.cache
 def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
     """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit, also with
-    weights stacked into one matrix (checked once per process at 1 to 64 rows, on the embedded model's widths and
-    small ones), so that the copy samples what autocast over the float32 weights would sample. False where oneDNN
+    weights stacked into one matrix (checked once per process at 1 to 64 rows, on the embedded model's widths, small
+    ones and LoRA factors' stacks), so that the copy samples what autocast over the float32 weights would sample. False where oneDNN
     lacks the dtype."""
     supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
     check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
@@ -74,7 +75,7 @@ def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
         return False
     generator = torch.Generator().manual_seed(0)
     for outers, inner in (((576, 192, 192), 576), ((1536, 1536), 576), ((576,), 1536), ((4099,), 96),
-                          ((128, 32, 32), 64), ((64, 64), 128)):
+                          ((128, 32, 32), 64), ((64, 64), 128), ((16, 16, 16), 576), ((4, 4, 8), 64)):
         weights = [(torch.randn(outer, inner, generator=generator) / inner**0.5).to(dtype) for outer in outers]
         stacked = _blocked(torch.cat(weights))
         for rows in (1, 3, 8, 17, _DECODE_ROWS):
@@ -122,26 +123,65 @@ def _adapters(linear: Any) -> list[tuple[Any, Any, Any, float]]:
 
 def _plain_lora(linear: Any) -> bool:
     """Whether ``linear`` is PEFT's LoRA linear layer over a ``_DecodeLinear`` whose forward is the base output plus
-    ``B(A(dropout(x))) * scaling`` per active adapter: adapters on and not merged, no DoRA or other variant."""
+    ``B(A(x)) * scaling`` per active adapter: adapters on and not merged, no DoRA or other variant, no dropout that
+    would draw (the sampler's model is in eval mode, where PEFT's dropout hands its input on)."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
     return (type(linear) is LoraLinear and type(linear.base_layer) is _DecodeLinear and not linear.disable_adapters
-            and not linear.merged and not any(name in linear.lora_variant for name in linear.active_adapters))
+            and not linear.merged and not any(name in linear.lora_variant for name in linear.active_adapters)
+            and not any(dropout.training and not isinstance(dropout, torch.nn.Identity)
+                        for dropout, *_ in _adapters(linear)))
 
 
-def _with_adapters(product: torch.Tensor, linears: tuple[Any, ...], rows_in: torch.Tensor) -> torch.Tensor:
-    """The stacked ``product`` of ``linears`` with each one's LoRA terms added to its own columns, as PEFT adds them
-    to that layer's output (the same operations in the same order, so the same numbers)."""
-    if not any(hasattr(linear, "lora_A") for linear in linears):
-        return product
-    columns, start = [], 0
+def _plus_scaled(result: torch.Tensor, term: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``result + term * scaling`` as PEFT computes it. With a scaling of 1, 2, 4, ... (PEFT's default alpha = 2r
+    gives 2) the product is exact, so one addition with ``alpha`` rounds as the two operations do, in one call."""
+    if scaling >= 1 and math.frexp(scaling)[0] == 0.5:
+        return torch.add(result, term, alpha=scaling)
+    return result + term * scaling
+
+
+def _stacked_factors(linears: tuple[Any, ...]) -> tuple[torch.Tensor, list[list[tuple[int, int, Any, float]]]] | None:
+    """The A factor of every active adapter of ``linears`` (in PEFT's order) stacked into one blocked matrix, since
+    the linears share their input, and for each linear the (first, last column of that product, B, scaling) of its
+    adapters; ``None`` where none has adapters."""
+    factors, terms = [], []
     for linear in linears:
+        own = []
+        for _, lora_a, lora_b, scaling in _adapters(linear):
+            first = sum(factor.size(0) for factor in factors)
+            factors.append(lora_a.weight)
+            own.append((first, first + lora_a.out_features, lora_b, scaling))
+        terms.append(own)
+    return (_blocked(torch.cat(factors)), terms) if factors else None
+
+
+def _with_adapters(product: torch.Tensor, linears: tuple[Any, ...], rows_in: torch.Tensor,
+                   factors: tuple[torch.Tensor, list[list[tuple[int, int, Any, float]]]] | None) -> torch.Tensor:
+    """The stacked ``product`` of ``linears`` with each one's LoRA terms added to its own columns, as PEFT adds them
+    to that layer's output (the same numbers: the A products of ``factors`` are the columns each A gives alone)."""
+    if factors is None:
+        return product
+    stacked, terms = factors
+    reduced = _blocked_matmul(rows_in, stacked, None)
+    columns, start = [], 0
+    for linear, own in zip(linears, terms):
         result = product[:, start : start + linear.out_features]
         start += linear.out_features
-        for dropout, lora_a, lora_b, scaling in _adapters(linear):
-            result = result + lora_b(lora_a(dropout(linear._cast_input_dtype(rows_in, lora_a.weight.dtype)))) * scaling
+        for first, last, lora_b, scaling in own:
+            result = _plus_scaled(result, lora_b(reduced[:, first:last]), scaling)
         columns.append(result)
     return torch.cat(columns, dim=-1)
+
+
+def _projected(linear: Any, rows_in: torch.Tensor) -> torch.Tensor:
+    """``linear(rows_in)`` for a ``_DecodeLinear`` or a plain LoRA layer over one, without PEFT's per-call checks."""
+    if not hasattr(linear, "lora_A"):
+        return linear(rows_in)
+    result = linear.base_layer(rows_in)
+    for _, lora_a, lora_b, scaling in _adapters(linear):
+        result = _plus_scaled(result, lora_b(lora_a(rows_in)), scaling)
+    return result
 
 
 class FusedDecodeStep:
@@ -167,8 +207,8 @@ class FusedDecodeStep:
         first = self.inner.layers[0].self_attn
         self.query_key = first.q_proj.out_features + first.k_proj.out_features  # where the values start in q/k/v
         self.heads = first.q_proj.out_features // first.head_dim
-        self._stacked: list[tuple[tuple[torch.Tensor, torch.Tensor | None], ...]] = []
-        self._versions: list[int] = []
+        self._stacked: list[tuple[tuple[Any, ...], ...]] = []  # per layer: (weight, bias, LoRA factors) per group
+        self._versions: list[tuple[int, int]] = []
 
     @classmethod
     def for_model(cls, model: Any) -> FusedDecodeStep | None:
@@ -200,10 +240,13 @@ class FusedDecodeStep:
         return type(base.lm_head) is _DecodeLinear
 
     def _refresh(self) -> None:
-        """Stacks each group's weights (and biases) again when any of them changed since."""
-        versions = [linear.weight._version for groups in self.groups for group in groups for linear in group]
+        """Stacks each group's weights, biases and LoRA A factors again when any of them changed (or other adapters
+        became active) since."""
+        versions = [(id(tensor), tensor._version) for groups in self.groups for group in groups for linear in group
+                    for tensor in (linear.weight, *(lora_a.weight for _, lora_a, _, _ in _adapters(linear)))]
         if versions != self._versions:
-            self._stacked = [tuple(_stacked(group) for group in groups) for groups in self.groups]
+            self._stacked = [tuple((*_stacked(group), _stacked_factors(group)) for group in groups)
+                             for groups in self.groups]
             self._versions = versions
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -217,22 +260,23 @@ class FusedDecodeStep:
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for index, layer in enumerate(inner.layers):
             attention, mlp = layer.self_attn, layer.mlp
-            stacked_qkv, stacked_gate_up = self._stacked[index]
+            (qkv_weight, qkv_bias, qkv_factors), (gate_up_weight, gate_up_bias, gate_up_factors) = self._stacked[index]
             norm = layer.input_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
             normed = normed.to(attention.q_proj.weight.dtype).reshape(rows, -1)
-            qkv = _with_adapters(_blocked_matmul(normed, *stacked_qkv), self.groups[index][0], normed)
+            qkv = _with_adapters(_blocked_matmul(normed, qkv_weight, qkv_bias), self.groups[index][0], normed,
+                                 qkv_factors)
             # The rotary embedding of queries and keys in one pass: elementwise, so each element as when apart.
             rotated = _rotate(qkv[:, : self.query_key].view(rows, 1, -1, attention.head_dim).transpose(1, 2), cos, sin)
             query, key = rotated[:, : self.heads].contiguous(), rotated[:, self.heads :]
             value = qkv[:, self.query_key :].view(rows, 1, -1, attention.head_dim).transpose(1, 2)
             key, value = cache.layers[index].update(key, value)
             attended, _ = self.attend(attention, query, key, value, mask, dropout=0.0, scaling=attention.scaling)
-            hidden = hidden + attention.o_proj(attended.reshape(rows, 1, -1).contiguous())
+            hidden = hidden + _projected(attention.o_proj, attended.reshape(rows, -1)).view(rows, 1, -1)
             norm = layer.post_attention_layernorm
             normed = rms_norm(hidden, norm.weight.shape, norm.weight, norm.variance_epsilon)
             normed = normed.to(mlp.gate_proj.weight.dtype).reshape(rows, -1)
-            gate, up = _with_adapters(_blocked_matmul(normed, *stacked_gate_up), self.groups[index][1],
-                                      normed).chunk(2, dim=-1)
-            hidden = hidden + mlp.down_proj(mlp.act_fn(gate) * up).view(rows, 1, -1)
+            gate, up = _with_adapters(_blocked_matmul(normed, gate_up_weight, gate_up_bias), self.groups[index][1],
+                                      normed, gate_up_factors).chunk(2, dim=-1)
+            hidden = hidden + _projected(mlp.down_proj, mlp.act_fn(gate) * up).view(rows, 1, -1)
         return self.model.lm_head(inner.norm(hidden))[:, -1]

@@ -73,10 +73,21 @@ def _lora_model(model_dir: str, **config):
     return get_peft_model(_load(model_dir), LoraConfig(**(settings | config)))
 
 
+def _two_adapter_model(model_dir: str):
+    """Two active adapters of other ranks, the second with a scaling (alpha / r = 1.5) whose products round."""
+    from peft import LoraConfig
+
+    model = _lora_model(model_dir)
+    model.add_adapter("second", LoraConfig(r=2, lora_alpha=3, init_lora_weights=False,
+                                           target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]))
+    model.base_model.set_adapter(["default", "second"])
+    return model
+
+
 @needs_blocked_bf16
-@pytest.mark.parametrize("lora", [False, True], ids=["plain", "lora"])
+@pytest.mark.parametrize("lora", [None, "one", "two"], ids=["plain", "lora", "two_adapters"])
 def test_the_fused_step_gives_the_models_logits_bit_for_bit(model_dir, lora):
-    model = _lora_model(model_dir) if lora else _load(model_dir)
+    model = {None: _load, "one": _lora_model, "two": _two_adapter_model}[lora](model_dir)
     copier = ComputeDtypeCopy(torch.bfloat16)
     copy = copier.of(model)
     ids, mask = _padded_batch(model.config.vocab_size)
