@@ -13,6 +13,8 @@ every k-th step inside the one ``trainer.train()`` call, so the optimizer state 
     python benchmarks/learning_curve.py --merge parts/a parts/b --out merged  # parts from other runs or machines
     python benchmarks/learning_curve.py --report merged                       # redo the statistics and the figure
     python benchmarks/learning_curve.py --setting gpu                         # one GPU: vLLM colocated
+    python benchmarks/learning_curve.py --methods grpo --seeds 0 --steps 20 --eval-every 5 --set \
+        gradient_accumulation_steps 32 --out parts/pilot      # a pilot: its own size, 8 tasks x 4 a step
 
 Settings: ``smoke`` (tiny model, one game; the tests), ``cpu`` (the four methods, three seeds, fresh train games,
 60 evaluation games) and ``gpu`` (the same methods, seeds and evaluation games, bigger batches, vLLM rollouts).
@@ -707,6 +709,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--set", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                         help="a taspo-train setting on top of the setting's (e.g. --set learning_rate 5e-5); it "
                              "enters the part's identity")
+    parser.add_argument("--steps", type=int, help="optimizer steps of each run instead of the setting's (a pilot's "
+                        "size); it enters the part's identity")
+    parser.add_argument("--eval-every", type=int, help="evaluate every this many steps instead of the setting's; it "
+                        "enters the part's identity")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="PART",
                         help="merge these parts (folders, or the learning_curve.json of one) into --out")
     parser.add_argument("--report", type=Path, metavar="PART", help="recompute the statistics and figure of a part")
@@ -732,9 +738,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _print_summary(report)
         return report
 
+    for name, value in (("--steps", args.steps), ("--eval-every", args.eval_every)):
+        if value is not None and value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
     setting = SETTINGS[args.setting]
     setting = replace(setting, overrides=(*setting.overrides, *(item for key, value in args.set
-                                                                 for item in (f"--{key}", value))))
+                                                                 for item in (f"--{key}", value))),
+                      steps=args.steps or setting.steps, eval_every=args.eval_every or setting.eval_every)
     unknown = sorted(set(args.methods or ()) - set(setting.methods)) + sorted(set(args.seeds or ()) - set(setting.seeds))
     if unknown:
         parser.error(f"not in the {args.setting} setting: {unknown} (methods {setting.methods}, seeds {setting.seeds})")
@@ -758,7 +768,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for method in chosen.methods:
             if setting.isolate:
                 child = [sys.executable, __file__, "--setting", args.setting, "--model", args.model, "--out", str(out),
-                         *(item for pair in args.set for item in ("--set", *pair)), "--only", f"{method}:{seed}"]
+                         *(item for pair in args.set for item in ("--set", *pair)), "--steps", str(setting.steps),
+                         "--eval-every", str(setting.eval_every), "--only", f"{method}:{seed}"]
                 code = subprocess.run(child).returncode
                 if code:  # the other runs go on; this one resumes from its last evaluation when rerun
                     failed.append(f"{method} seed {seed} (exit code {code})")

@@ -215,6 +215,20 @@ def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve,
     assert again["runs"] == report["runs"]
 
 
+def test_a_pilot_sized_run_trains_its_own_steps_and_its_part_refuses_the_settings_size(curve, tmp_path,
+                                                                                       tiny_model_dir, one_torch_thread):
+    main = curve["main"]
+    argv = ["--setting", "smoke", "--model", tiny_model_dir, "--out", str(tmp_path), "--methods", "grpo"]
+    report = main([*argv, "--steps", "1", "--eval-every", "1"])
+    (run,) = report["runs"]
+    assert [p["step"] for p in run["points"]] == [0, 1] and run["done"]
+    assert report["identity"]["config"]["steps"] == 1
+    with pytest.raises(SystemExit, match="config.steps: 1 vs 2"):
+        main(argv)  # the smoke setting's own 2 steps: another identity
+    with pytest.raises(SystemExit):
+        main([*argv, "--steps", "0"])
+
+
 def test_the_evaluation_decodes_at_the_settings_temperature_else_the_trainings(curve):
     from types import SimpleNamespace
 
