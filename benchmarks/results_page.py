@@ -473,22 +473,26 @@ def decode_pace(*results: dict[str, Any]) -> str:
 
 
 def step_time(*results: dict[str, Any]) -> str:
-    """Each method's step time on identical replayed episodes, the time of its extra passes, and its ratio to GRPO."""
-    lines = ["| precision | method | step seconds | extra passes, seconds | median / GRPO's |", "|---|---|---|---|---|"]
+    """Each method's step time on identical replayed episodes, the time of its extra passes, and its ratio to GRPO,
+    one run per CPU."""
+    def run_name(r: dict[str, Any]) -> str:
+        return f"{r['precision']}, {r['provenance'].get('cpu_model', 'CPU not recorded')}"
+
+    lines = ["| run | method | step seconds | extra passes, seconds | median / GRPO's |", "|---|---|---|---|---|"]
     for r in results:
         for name, run in r["methods"].items():
             ratio = r["ratios_to_grpo"].get(name, 1.0)
-            lines.append(f"| {r['precision']} | {name} | {', '.join(f'{t:.1f}' for t in run['step_times'])} | "
+            lines.append(f"| {run_name(r)} | {name} | {', '.join(f'{t:.1f}' for t in run['step_times'])} | "
                          f"{', '.join(f'{t:.1f}' for t in run['extra'])} | {ratio:.3f} |")
     for r in results:
         for name, run in r["methods"].items():
             for part, values in run.get("extra_parts", {}).items():  # runs before the split: the sum only
-                lines.append(f"| {r['precision']} | {name}: {part} | | {', '.join(f'{t:.1f}' for t in values)} | |")
+                lines.append(f"| {run_name(r)} | {name}: {part} | | {', '.join(f'{t:.1f}' for t in values)} | |")
     for r in results:
         s = r["settings"]
-        lines += ["", f"{r['precision']}: {s['steps']} steps of {s['model']} in the `{s['layout']}` layout, each method in "
-                  f"its own process, on one game's scripted siblings (two walkthrough wins, two stalls) scored by the "
-                  f"model; {r['methods']['grpo']['rows'][0]:.0f} rows a step."]
+        lines += ["", f"{run_name(r)}: {s['steps']} steps of {s['model']} in the `{s['layout']}` layout, each method "
+                  f"in its own process, on one game's scripted siblings (two walkthrough wins, two stalls) scored by "
+                  f"the model; {r['methods']['grpo']['rows'][0]:.0f} rows a step."]
     return "\n".join(lines)
 
 
@@ -584,6 +588,8 @@ LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the shipped warm st
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
 LEARNING_CURVE_LORA = "learning_curve_cpu_lora16_lr5e-5.json"  # the shipped warm start, GRPO training LoRA adapters
 LEARNING_CURVE_LORA_FAST = "learning_curve_cpu_lora16_lr2e-4.json"  # the same at four times the learning rate
+# one run each: Intel Xeon with AMX, AMD EPYC with AVX512-BF16 (both bf16)
+STEP_TIME = ("step_time_bf16.json", "step_time_bf16_avx512.json")
 QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the README's first command, empty cache, from a clone
 
 QUICKSTART_TITLE = "The first command from a fresh clone"
@@ -616,7 +622,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (CURVE_TITLE, ("learning_curve_cpu.json",), learning_curve),
     (CURVE_LR_TITLE, (LEARNING_CURVE_LR,), _curve_section(LEARNING_CURVE_LR)),
     ("The CPU sampler against the hardware's limits", DECODE_PACE, decode_pace),
-    ("Step time of the credit methods on identical episodes", ("step_time_bf16.json",), step_time),
+    ("Step time of the credit methods on identical episodes", STEP_TIME, step_time),
     ("GPU check: GRPO, TASPO and AlignOPSD plain and under DeepSpeed ZeRO-2 and ZeRO-3", ("gpu_check.json",),
      gpu_check),
 ]
