@@ -67,8 +67,8 @@ class _DecodeLinear(torch.nn.Linear):
 def _blocked_layout_agrees(dtype: torch.dtype) -> bool:
     """Whether this CPU's blocked-layout matmul in ``dtype`` gives the plain matmul's numbers, bit for bit, also with
     weights stacked into one matrix (checked once per process at 1 to 64 rows, on the embedded model's widths, small
-    ones and LoRA factors' stacks), so that the copy samples what autocast over the float32 weights would sample. False where oneDNN
-    lacks the dtype."""
+    ones and LoRA factors' stacks), so that the copy samples what autocast over the float32 weights would sample.
+    False where oneDNN lacks the dtype."""
     supported = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
     check = getattr(torch.ops.mkldnn, supported.get(dtype, ""), None)
     if check is None or not torch.backends.mkldnn.is_available() or not check():
