@@ -215,8 +215,8 @@ def test_smoke_setting_stops_resumes_from_its_last_evaluation_and_reports(curve,
     assert again["runs"] == report["runs"]
 
 
-def test_a_pilot_sized_run_trains_its_own_steps_and_its_part_refuses_the_settings_size(curve, tmp_path,
-                                                                                       tiny_model_dir, one_torch_thread):
+def test_a_pilot_sized_run_trains_its_own_steps_and_its_part_refuses_the_settings_size(
+        curve, tmp_path, tiny_model_dir, one_torch_thread):
     main = curve["main"]
     argv = ["--setting", "smoke", "--model", tiny_model_dir, "--out", str(tmp_path), "--methods", "grpo"]
     report = main([*argv, "--steps", "1", "--eval-every", "1"])
