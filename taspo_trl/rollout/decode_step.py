@@ -145,13 +145,13 @@ def _stacked_factors(linears: tuple[Any, ...]) -> tuple[torch.Tensor, list[list[
     """The A factor of every active adapter of ``linears`` (in PEFT's order) stacked into one blocked matrix, since
     the linears share their input, and for each linear the (first, last column of that product, B, scaling) of its
     adapters; ``None`` where none has adapters."""
-    factors, terms = [], []
+    factors, terms, width = [], [], 0
     for linear in linears:
         own = []
         for _, lora_a, lora_b, scaling in _adapters(linear):
-            first = sum(factor.size(0) for factor in factors)
             factors.append(lora_a.weight)
-            own.append((first, first + lora_a.out_features, lora_b, scaling))
+            own.append((width, width + lora_a.out_features, lora_b, scaling))
+            width += lora_a.out_features
         terms.append(own)
     return (_blocked(torch.cat(factors)), terms) if factors else None
 
@@ -208,6 +208,7 @@ class FusedDecodeStep:
         self.query_key = first.q_proj.out_features + first.k_proj.out_features  # where the values start in q/k/v
         self.heads = first.q_proj.out_features // first.head_dim
         self._stacked: list[tuple[tuple[Any, ...], ...]] = []  # per layer: (weight, bias, LoRA factors) per group
+        self._sources: list[torch.Tensor] = []
         self._versions: list[tuple[int, int]] = []
 
     @classmethod
@@ -217,7 +218,9 @@ class FusedDecodeStep:
             return None
         if model not in _STEPS:
             _STEPS[model] = cls(model)
-        return _STEPS[model]
+        step = _STEPS[model]
+        step._watch()
+        return step
 
     @staticmethod
     def _fits(model: Any) -> bool:
@@ -239,11 +242,16 @@ class FusedDecodeStep:
                 return False
         return type(base.lm_head) is _DecodeLinear
 
+    def _watch(self) -> None:
+        """Notes the tensors the stacked matrices are made of: each group's weights and its active adapters' A factors
+        (once per ``for_model``, since adapters are switched between generate calls, not within one)."""
+        self._sources = [tensor for groups in self.groups for group in groups for linear in group
+                         for tensor in (linear.weight, *(lora_a.weight for _, lora_a, _, _ in _adapters(linear)))]
+
     def _refresh(self) -> None:
         """Stacks each group's weights, biases and LoRA A factors again when any of them changed (or other adapters
         became active) since."""
-        versions = [(id(tensor), tensor._version) for groups in self.groups for group in groups for linear in group
-                    for tensor in (linear.weight, *(lora_a.weight for _, lora_a, _, _ in _adapters(linear)))]
+        versions = [(id(tensor), tensor._version) for tensor in self._sources]
         if versions != self._versions:
             self._stacked = [tuple((*_stacked(group), _stacked_factors(group)) for group in groups)
                              for groups in self.groups]

@@ -115,6 +115,19 @@ def test_the_fused_step_gives_the_models_logits_bit_for_bit(model_dir, lora):
 
 
 @needs_blocked_bf16
+def test_the_fused_step_follows_a_switch_of_active_adapters_between_calls(model_dir):
+    copy = ComputeDtypeCopy(torch.bfloat16).of(_two_adapter_model(model_dir))
+    ids, mask = _padded_batch(copy.config.vocab_size)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        both = _steps_both_ways(copy, ids, mask, steps=2)
+        copy.base_model.set_adapter("default")
+        one = _steps_both_ways(copy, ids, mask, steps=2)
+    for theirs, ours in both + one:
+        assert torch.equal(theirs, ours)
+    assert not torch.equal(both[0][0], one[0][0])
+
+
+@needs_blocked_bf16
 def test_no_fused_step_where_it_would_bypass_the_models_forward(model_dir):
     model = _load(model_dir)
     assert FusedDecodeStep.for_model(model) is None  # float32 weights: no blocked layers to stack
