@@ -476,7 +476,7 @@ def step_time(*results: dict[str, Any]) -> str:
     """Each method's step time on identical replayed episodes, the time of its extra passes, and its ratio to GRPO,
     one run per CPU."""
     def run_name(r: dict[str, Any]) -> str:
-        return f"{r['precision']}, {r['provenance'].get('cpu_model', 'CPU not recorded')}"
+        return f"{_cpu_and_amx(r)}, {r['precision']}"
 
     lines = ["| run | method | step seconds | extra passes, seconds | median / GRPO's |", "|---|---|---|---|---|"]
     for r in results:
