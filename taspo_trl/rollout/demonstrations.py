@@ -18,8 +18,9 @@ else than the expert would have gets a row with the expert's response. These are
 the expert's episodes alone reaches by its own mistakes and has never seen a demonstration of.
 
 A policy that has only seen flawless episodes does not know what to do after its own mistake, and tends to
-repeat it. ``mistake_rate`` therefore lets the expert's episodes contain injected mistakes (a repeated command);
-the dataset keeps the expert's recoveries from them and drops the mistakes themselves.
+repeat it. ``mistake_rate`` therefore lets the expert's episodes contain injected mistakes (a repeated command),
+and ``stall_rate`` stalls (a command that changes nothing, such as ALFWorld's ``look``); the dataset keeps the
+expert's recoveries from them and drops the mistakes themselves.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class ExpertEpisode(NamedTuple):
 def play_expert(
     spec: Mapping[str, Any], env_factory: EnvFactory, expert_factory: ExpertFactory, rng: random.Random,
     max_turns: int | None = None, mistake_rate: float = 0.0, wander_rate: float = 0.0, informed: bool = False,
+    stall_rate: float = 0.0,
 ) -> ExpertEpisode:
     """One expert episode of ``spec``.
 
@@ -71,7 +73,12 @@ def play_expert(
 
     With ``wander_rate`` > 0, a turn that is not a repeat plays a random admissible command with that probability
     (never twice in a row): a wrong object taken, a wrong place visited, the object put down elsewhere. The
-    expert follows it (``observe``; the ALFWorld expert has it) and recovers. Both kinds count as mistakes.
+    expert follows it (``observe``; the ALFWorld expert has it) and recovers.
+
+    With ``stall_rate`` > 0, a turn that is neither plays one of the environment's ``stall_commands`` (ALFWorld:
+    ``look``, ``inventory``) with that probability (never right after another mistake): the state of a policy that
+    stalls, whose recovery the expert then shows. All three kinds count as mistakes. With a rate of 0 a kind draws
+    no random number, so the episodes of the other settings stay as they were.
 
     ``informed`` builds the expert with ``informed=True`` (see ``taspo_trl.envs.ExpertFactory``).
     """
@@ -87,6 +94,10 @@ def play_expert(
         if wander_rate > 0 and not hasattr(expert, "observe"):
             raise ValueError(f"wander_rate needs an expert that follows others' commands (observe); "
                              f"{type(expert).__name__} has none. Use mistake_rate instead.")
+        stalls = tuple(getattr(env, "stall_commands", ()))
+        if stall_rate > 0 and not stalls:
+            raise ValueError(f"stall_rate needs an environment with commands that change nothing (stall_commands); "
+                             f"{type(env).__name__} has none. Use mistake_rate instead.")
         for turn in range(limit):
             admissible = list(env.admissible_commands or [])
             if turn > 0 and turn - 1 not in mistakes and mistake_rate > 0 and rng.random() < mistake_rate:
@@ -97,6 +108,11 @@ def play_expert(
                 mistakes.add(turn)
                 action = rng.choice(admissible)
                 responses.append(expert_response("Trying something.", action, tags))
+                actions.append(action)
+            elif turn - 1 not in mistakes and stall_rate > 0 and rng.random() < stall_rate:
+                mistakes.add(turn)
+                action = rng.choice(stalls)
+                responses.append(expert_response("Looking around once more.", action, tags))
                 actions.append(action)
             else:
                 thought, action = expert(observation, admissible, rng)
@@ -166,6 +182,7 @@ def expert_demonstrations(
     mistake_rate: float = 0.0,
     wander_rate: float = 0.0,
     informed: bool = False,
+    stall_rate: float = 0.0,
 ) -> list[Demonstration]:
     """Winning expert trajectories of ``specs``, recorded by the real agent loop (prompt and response ids and
     texts per turn), in input order, each with its injected mistakes; tasks the expert does not win are left
@@ -183,11 +200,13 @@ def expert_demonstrations(
         wander_rate: per-turn probability of an injected random admissible command (see ``play_expert``),
             treated like a mistake.
         informed: play with experts that know where things are (``play_expert``).
+        stall_rate: per-turn probability of an injected command that changes nothing (the environment's
+            ``stall_commands``, see ``play_expert``), treated like a mistake.
     """
     env_factory, expert_factory = _factories(environment, env_factory, expert_factory)
     rng = random.Random(seed)
     played = [
-        play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate, informed)
+        play_expert(spec, env_factory, expert_factory, rng, max_turns, mistake_rate, wander_rate, informed, stall_rate)
         for spec in specs
     ]
     kept = [i for i, episode in enumerate(played) if episode.won]

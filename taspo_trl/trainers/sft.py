@@ -76,6 +76,12 @@ class AgentSFTConfig(SFTConfig):
             Per-turn probability that an expert episode plays a random admissible command instead (ALFWorld: a
             wrong object taken, a wrong receptacle visited); the expert follows it and the model trains on the
             recovery, not on the random command. Needs an expert with `observe` (the ALFWorld one).
+        demonstration_stall_rate (`float`, defaults to `0.0`):
+            Per-turn probability that an expert episode plays a command that changes nothing instead (ALFWorld:
+            `look` or `inventory`, its `stall_commands`): the state a stalling policy is in, whose recovery the
+            model trains on. With `demonstration_foreign_pi_share` some of those states carry another task's
+            privileged context, and with `demonstration_pi_corrections` the task's own, so the policy learns to
+            leave a stall where its own $P_i$ says and to ignore a foreign one there too.
         demonstration_pi_episodes (`int`, defaults to `0`):
             Of the `demonstrations_per_task` episodes per task, how many are played by an informed expert (one that
             knows where things are: the ALFWorld expert then searches nowhere first) with TASPO's privileged
@@ -130,6 +136,9 @@ class AgentSFTConfig(SFTConfig):
     demonstration_wander_rate: float = field(
         default=0.0, metadata={"help": "Per-turn probability of a random command the expert recovers from."}
     )
+    demonstration_stall_rate: float = field(
+        default=0.0, metadata={"help": "Per-turn probability of a command that changes nothing, then the recovery."}
+    )
     demonstration_pi_episodes: int = field(
         default=0, metadata={"help": "Informed expert episodes per task with the privileged context in the prompt."}
     )
@@ -157,6 +166,8 @@ class AgentSFTConfig(SFTConfig):
             raise ValueError(f"demonstration_mistake_rate must be in [0, 1), got {self.demonstration_mistake_rate}.")
         if not 0.0 <= self.demonstration_wander_rate < 1.0:
             raise ValueError(f"demonstration_wander_rate must be in [0, 1), got {self.demonstration_wander_rate}.")
+        if not 0.0 <= self.demonstration_stall_rate < 1.0:
+            raise ValueError(f"demonstration_stall_rate must be in [0, 1), got {self.demonstration_stall_rate}.")
         if not 0 <= self.demonstration_pi_episodes < self.demonstrations_per_task:
             raise ValueError(
                 f"demonstration_pi_episodes must be at least 0 and below demonstrations_per_task="
@@ -257,6 +268,7 @@ def _expert_player(tokenizer: Any, config: AgentSFTConfig) -> Any:
         max_prompt_tokens=config.max_prompt_tokens,
         mistake_rate=config.demonstration_mistake_rate,
         wander_rate=config.demonstration_wander_rate,
+        stall_rate=config.demonstration_stall_rate,
     )
 
 

@@ -292,6 +292,33 @@ def test_random_commands_are_recovered_from_and_not_trained_on(alfworld_specs, e
         assert all(trajectory.turns[t].response_text not in completions for t in mistakes)
 
 
+def test_stalls_are_recovered_from_and_not_trained_on(alfworld_specs, embedded_tokenizer):
+    """With stall_rate, episodes also play ALFWorld's commands that change nothing (look, inventory); the expert
+    still wins every game, no stall becomes a training row, and the row after a stall shows it as the last step."""
+    specs = alfworld_specs[:3]
+    demonstrations = expert_demonstrations(
+        specs, embedded_tokenizer, environment="alfworld", history_window=1, stall_rate=0.3, seed=2
+    )
+    assert len(demonstrations) == len(specs)
+    assert sum(len(d.mistakes) for d in demonstrations) >= 3
+    dataset = demonstration_dataset(demonstrations, "turn")
+    assert len(dataset) == sum(len(d.trajectory.turns) - len(d.mistakes) for d in demonstrations)
+    completions = {row["completion"][0]["content"] for row in dataset}
+    for trajectory, mistakes in demonstrations:
+        actions = _actions(trajectory, multi_tag=False)
+        assert _replay_wins("alfworld", trajectory.task_spec, actions)
+        assert all(actions[t] in ("look", "inventory") for t in mistakes)
+        assert all(trajectory.turns[t].response_text not in completions for t in mistakes)
+        for t in mistakes:
+            assert f"Action: {actions[t]}\n" in trajectory.turns[t + 1].prompt_text
+
+
+def test_stalls_need_an_environment_with_commands_that_change_nothing(embedded_tokenizer):
+    specs = [task_spec_from_row(row) for row in search_task_rows(split="train", max_tasks=1)]
+    with pytest.raises(ValueError, match="stall_commands"):
+        expert_demonstrations(specs, embedded_tokenizer, environment="search", history_window=1, stall_rate=0.2)
+
+
 def test_an_informed_alfworld_expert_plays_the_planners_walkthrough(alfworld_specs):
     """Told where things are, the expert searches nowhere first: at any seed, in every family, its commands are
     the planner's walkthrough stored in the game, command for command, up to which instance of the wanted kind it

@@ -97,6 +97,8 @@ class ALFWorldEnv:
     """
 
     action_tag = "action"
+    stall_commands = ("look", "inventory")
+    """Commands that change nothing in the game: what a stalling agent repeats (``play_expert``'s ``stall_rate``)."""
 
     def __init__(self, game_file: str | Path, max_turns: int = 50) -> None:
         if max_turns < 1:
