@@ -588,6 +588,7 @@ LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the shipped warm st
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
 LEARNING_CURVE_LORA = "learning_curve_cpu_lora16_lr5e-5.json"  # the shipped warm start, GRPO training LoRA adapters
 LEARNING_CURVE_LORA_FAST = "learning_curve_cpu_lora16_lr2e-4.json"  # the same at four times the learning rate
+LEARNING_CURVE_LORA_WIDE = "learning_curve_cpu_lora16_lr1e-4_8tasks.json"  # LoRA, 8 tasks x 4 a step, lr 1e-4
 # one run each: Intel Xeon with AMX, AMD EPYC with AVX512-BF16 (both bf16)
 STEP_TIME = ("step_time_bf16.json", "step_time_bf16_avx512.json")
 QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the README's first command, empty cache, from a clone
@@ -603,6 +604,7 @@ WEBSHOP_TITLE = "Credit quality on WebShop, every method"
 CURVE_SHIPPED_TITLE = "Learning-curve pilot on the shipped warm start: GRPO at twice the learning rate"
 CURVE_LORA_TITLE = "Learning-curve pilot on the shipped warm start: GRPO training LoRA adapters"
 CURVE_LORA_FAST_TITLE = "Learning-curve pilot on the shipped warm start: LoRA adapters at four times the rate"
+CURVE_LORA_WIDE_TITLE = "Learning-curve pilot on the shipped warm start: LoRA adapters, 8 tasks a step"
 CURVE_TITLE = "Learning-curve pilot on an earlier warm start, CPU setting"
 CURVE_LR_TITLE = "Learning-curve pilot on an earlier warm start: GRPO at five times the learning rate"
 
@@ -616,6 +618,7 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
     (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
     (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
+    (CURVE_LORA_WIDE_TITLE, (LEARNING_CURVE_LORA_WIDE,), _curve_section(LEARNING_CURVE_LORA_WIDE)),
     (CURVE_LORA_FAST_TITLE, (LEARNING_CURVE_LORA_FAST,), _curve_section(LEARNING_CURVE_LORA_FAST)),
     (CURVE_LORA_TITLE, (LEARNING_CURVE_LORA,), _curve_section(LEARNING_CURVE_LORA)),
     (CURVE_SHIPPED_TITLE, (LEARNING_CURVE_SHIPPED,), _curve_section(LEARNING_CURVE_SHIPPED)),
@@ -714,6 +717,8 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
     ("Learning curves, CPU setting (GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games): pilot on the "
      "shipped warm start, GRPO training LoRA adapters (rank 16 on every linear layer, learning rate 5e-5) instead "
      "of every weight", CURVE_LORA_TITLE, _summary_curve),
+    ("Learning-curve pilot on the shipped warm start, GRPO training LoRA adapters (rank 16) on 8 tasks x 4 episodes "
+     "a step (gradient accumulation 32) with learning rate 1e-4, 16 steps", CURVE_LORA_WIDE_TITLE, _summary_curve),
     ("Learning-curve pilot on the shipped warm start, GRPO training LoRA adapters (rank 16) with learning rate 2e-4 "
      "(four times the one above)", CURVE_LORA_FAST_TITLE, _summary_curve),
     ("Learning-curve pilot on the shipped warm start, GRPO training every weight with learning rate 2e-5 (twice the "
