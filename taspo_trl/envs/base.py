@@ -15,6 +15,8 @@ Optional attributes an environment may define (the agent loop reads them with de
   ``StepResult`` each, e.g. to send one batched retrieval request for all live trajectories of a turn.
 - ``task_type`` (str): the task family or dataset name that evaluation tables group by.
 - ``info["score"]`` (float): a graded score next to the binary ``info["won"]`` (WebShop's score, Search-QA's EM).
+- ``stall_commands`` (tuple of str): commands that change nothing (ALFWorld's ``look``, ``inventory``), which the
+  expert demonstrations can inject as stalls to recover from (``play_expert``'s ``stall_rate``).
 """
 
 from __future__ import annotations
