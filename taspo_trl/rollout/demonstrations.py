@@ -100,27 +100,26 @@ def play_expert(
                              f"{type(env).__name__} has none. Use mistake_rate instead.")
         for turn in range(limit):
             admissible = list(env.admissible_commands or [])
-            if turn > 0 and turn - 1 not in mistakes and mistake_rate > 0 and rng.random() < mistake_rate:
-                mistakes.add(turn)
-                responses.append(responses[-1])
-                actions.append(actions[-1])
-            elif turn - 1 not in mistakes and wander_rate > 0 and rng.random() < wander_rate:
-                mistakes.add(turn)
+            may_inject, injected = turn - 1 not in mistakes, True
+            if turn > 0 and may_inject and mistake_rate > 0 and rng.random() < mistake_rate:
+                response, action = responses[-1], actions[-1]
+            elif may_inject and wander_rate > 0 and rng.random() < wander_rate:
                 action = rng.choice(admissible)
-                responses.append(expert_response("Trying something.", action, tags))
-                actions.append(action)
-            elif turn - 1 not in mistakes and stall_rate > 0 and rng.random() < stall_rate:
-                mistakes.add(turn)
+                response = expert_response("Trying something.", action, tags)
+            elif may_inject and stall_rate > 0 and rng.random() < stall_rate:
                 action = rng.choice(stalls)
-                responses.append(expert_response("Looking around once more.", action, tags))
-                actions.append(action)
+                response = expert_response("Looking around once more.", action, tags)
             else:
+                injected = False
                 thought, action = expert(observation, admissible, rng)
-                responses.append(expert_response(thought, action, tags))
-                actions.append(action)
-            result = env.step(actions[-1])
+                response = expert_response(thought, action, tags)
+            if injected:
+                mistakes.add(turn)
+            responses.append(response)
+            actions.append(action)
+            result = env.step(action)
             if hasattr(expert, "observe"):
-                expert.observe(actions[-1], admissible)
+                expert.observe(action, admissible)
             observation = result.observation
             if result.done:
                 return ExpertEpisode(responses, bool(result.info.get("won", False)), frozenset(mistakes))
