@@ -574,19 +574,22 @@ def gpu_check(result: dict[str, Any]) -> str:
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start, sampled siblings
-CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the warm start before it
+CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the previous warm start (no stall rows), sampled siblings
+CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the warm start before that
 CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the previous one, played again on another CPU
-# the warm start issue 54 was filed on (six games, d9ee461), then the shipped one, on the same games
-WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval.json")
-PI_SPECIFICITY = ("pi_specificity.json", "pi_specificity_unseen.json")  # the shipped warm start
+# the warm start issue 54 was filed on (six games, d9ee461), the previous one (240 games, no stall rows), then the
+# shipped one, on the same games
+WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval_previous.json", "warm_start_eval.json")
+# the previous warm start, then the shipped one
+PI_SPECIFICITY = ("pi_specificity_previous.json", "pi_specificity_unseen_previous.json", "pi_specificity.json",
+                  "pi_specificity_unseen.json")
 # one run each, before/after alternating: Intel Xeon with AMX (bf16, float32), AMD EPYC with AVX512-BF16 (bf16; and
 # with LoRA adapters of rank 16)
 DECODE_PACE = ("decode_pace_bf16.json", "decode_pace_float32.json", "decode_pace_bf16_avx512.json",
                "decode_pace_bf16_avx512_lora16.json")
-LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the shipped warm start, --set learning_rate 2e-5
+LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the previous warm start, --set learning_rate 2e-5
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
-LEARNING_CURVE_LORA = "learning_curve_cpu_lora16_lr5e-5.json"  # the shipped warm start, GRPO training LoRA adapters
+LEARNING_CURVE_LORA = "learning_curve_cpu_lora16_lr5e-5.json"  # the previous warm start, GRPO training LoRA adapters
 LEARNING_CURVE_LORA_FAST = "learning_curve_cpu_lora16_lr2e-4.json"  # the same at four times the learning rate
 LEARNING_CURVE_LORA_WIDE = "learning_curve_cpu_lora16_lr1e-4_8tasks.json"  # LoRA, 8 tasks x 4 a step, lr 1e-4
 # one run each: Intel Xeon with AMX, AMD EPYC with AVX512-BF16 (both bf16)
@@ -596,15 +599,15 @@ QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the REA
 QUICKSTART_TITLE = "The first command from a fresh clone"
 WARM_START_TITLE = "The warm start: does it play games it never saw?"
 PI_TITLE = "Does the policy read its privileged context?"
-CREDIT_TITLE = "Credit quality on ALFWorld with the shipped warm start"
-CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with the previous warm start"
+CREDIT_TITLE = "Credit quality on ALFWorld with the previous warm start"
+CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with an earlier warm start"
 CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
 SEARCH_TITLE = "Credit quality on Search-QA, every method"
 WEBSHOP_TITLE = "Credit quality on WebShop, every method"
-CURVE_SHIPPED_TITLE = "Learning-curve pilot on the shipped warm start: GRPO at twice the learning rate"
-CURVE_LORA_TITLE = "Learning-curve pilot on the shipped warm start: GRPO training LoRA adapters"
-CURVE_LORA_FAST_TITLE = "Learning-curve pilot on the shipped warm start: LoRA adapters at four times the rate"
-CURVE_LORA_WIDE_TITLE = "Learning-curve pilot on the shipped warm start: LoRA adapters, 8 tasks a step"
+CURVE_SHIPPED_TITLE = "Learning-curve pilot on the previous warm start: GRPO at twice the learning rate"
+CURVE_LORA_TITLE = "Learning-curve pilot on the previous warm start: GRPO training LoRA adapters"
+CURVE_LORA_FAST_TITLE = "Learning-curve pilot on the previous warm start: LoRA adapters at four times the rate"
+CURVE_LORA_WIDE_TITLE = "Learning-curve pilot on the previous warm start: LoRA adapters, 8 tasks a step"
 CURVE_TITLE = "Learning-curve pilot on an earlier warm start, CPU setting"
 CURVE_LR_TITLE = "Learning-curve pilot on an earlier warm start: GRPO at five times the learning rate"
 
@@ -705,23 +708,24 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
      "games with a win among 4 sampled siblings", WARM_START_TITLE, _summary_warm_start),
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
      "guidance closes", PI_TITLE, _summary_pi),
-    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
+    ("Credit quality on ALFWorld with the previous warm start (no stall rows; sampled siblings on games it never saw, "
+     "bf16): verdict "
      "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
      "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
-    ("The same with the previous warm start (thoughts on every row, 1.5 epochs)", CREDIT_PREVIOUS_TITLE,
+    ("The same with an earlier warm start (thoughts on every row, 1.5 epochs)", CREDIT_PREVIOUS_TITLE,
      _summary_verdicts),
     ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
      _summary_replication),
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", SEARCH_TITLE, _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", WEBSHOP_TITLE, _summary_verdicts),
     ("Learning curves, CPU setting (GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games): pilot on the "
-     "shipped warm start, GRPO training LoRA adapters (rank 16 on every linear layer, learning rate 5e-5) instead "
+     "previous warm start, GRPO training LoRA adapters (rank 16 on every linear layer, learning rate 5e-5) instead "
      "of every weight", CURVE_LORA_TITLE, _summary_curve),
-    ("Learning-curve pilot on the shipped warm start, GRPO training LoRA adapters (rank 16) on 8 tasks x 4 episodes "
+    ("Learning-curve pilot on the previous warm start, GRPO training LoRA adapters (rank 16) on 8 tasks x 4 episodes "
      "a step (gradient accumulation 32) with learning rate 1e-4, 16 steps", CURVE_LORA_WIDE_TITLE, _summary_curve),
-    ("Learning-curve pilot on the shipped warm start, GRPO training LoRA adapters (rank 16) with learning rate 2e-4 "
+    ("Learning-curve pilot on the previous warm start, GRPO training LoRA adapters (rank 16) with learning rate 2e-4 "
      "(four times the one above)", CURVE_LORA_FAST_TITLE, _summary_curve),
-    ("Learning-curve pilot on the shipped warm start, GRPO training every weight with learning rate 2e-5 (twice the "
+    ("Learning-curve pilot on the previous warm start, GRPO training every weight with learning rate 2e-5 (twice the "
      "recipe's)", CURVE_SHIPPED_TITLE, _summary_curve),
     ("Learning-curve pilot, GRPO at the recipe's learning rate 1e-5", CURVE_TITLE, _summary_curve),
     ("Learning-curve pilot, GRPO with learning rate 5e-5 (five times the recipe's)", CURVE_LR_TITLE, _summary_curve),

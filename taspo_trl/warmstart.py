@@ -112,6 +112,9 @@ class WarmStart:
     """Per-turn probability of an injected repeat (``AgentSFTConfig.demonstration_mistake_rate``)."""
     wander_rate: float = 0.0
     """Per-turn probability of an injected random command (``AgentSFTConfig.demonstration_wander_rate``)."""
+    stall_rate: float = 0.0
+    """Per-turn probability of an injected command that changes nothing, such as ALFWorld's ``look``
+    (``AgentSFTConfig.demonstration_stall_rate``)."""
     thoughtless_share: float = 0.0
     """Share of the SFT rows with a privileged context answering with an empty thought before the expert's action
     (``AgentSFTConfig.demonstration_thoughtless_share``)."""
@@ -188,6 +191,9 @@ WARM_STARTS: dict[str, WarmStart] = {
         pi_corrections=True,
         foreign_pi_share=0.5,
         mistake_rate=0.15,
+        # A policy that stalls (look, inventory) and then sees an unchanged observation repeats the stall unless
+        # its data show what follows one: a tenth of the turns stall and the expert goes on from there.
+        stall_rate=0.1,
         # The expert's thoughts name the command they lead to, so a policy trained on them alone chooses in the
         # thought and its action tokens follow a prior after any other thought; TASPO's Eq. 3 credit for a command
         # lands on those action tokens. Half the rows answer with an empty thought, so the action itself chooses.
@@ -443,6 +449,7 @@ def _sft_settings(spec: WarmStart, sft_dir: Path, bf16: bool) -> dict[str, Any]:
         demonstration_pi_episodes=spec.pi_episodes,
         demonstration_mistake_rate=spec.mistake_rate,
         demonstration_wander_rate=spec.wander_rate,
+        demonstration_stall_rate=spec.stall_rate,
         demonstration_foreign_pi_share=spec.foreign_pi_share,
         demonstration_pi_corrections=spec.pi_corrections,
         demonstration_thoughtless_share=spec.thoughtless_share,

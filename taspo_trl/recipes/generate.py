@@ -241,6 +241,9 @@ def sft_quickstart(env: str) -> str:
             f"demonstration_pi_corrections: {str(spec.pi_corrections).lower()}  # informed corrections of plain ones, "
             "with P_i",
             f"demonstration_mistake_rate: {spec.mistake_rate}",
+            *([f"demonstration_wander_rate: {spec.wander_rate}"] if spec.wander_rate else []),
+            *([f"demonstration_stall_rate: {spec.stall_rate}  # turns that stall (look, inventory), then the expert's way "
+               "on"] if spec.stall_rate else []),
             *([f"demonstration_thoughtless_share: {spec.thoughtless_share}  # rows with P_i and an empty thought: the action "
                "chooses"] if spec.thoughtless_share else []),
         ]

@@ -252,6 +252,9 @@ def test_alfworld_sft_recipe_is_the_builtin_warm_start():
         assert (data["lora_r"], data["lora_alpha"]) == (spec.lora_rank, spec.lora_alpha)
     assert "bf16" not in data  # the precision follows the hardware, as the warm start's build does
     assert data["demonstration_mistake_rate"] == spec.mistake_rate
+    assert data.get("demonstration_wander_rate", 0.0) == spec.wander_rate
+    assert data.get("demonstration_stall_rate", 0.0) == spec.stall_rate
+    assert data.get("demonstration_thoughtless_share", 0.0) == spec.thoughtless_share
     assert data.get("demonstration_pi_episodes", 0) == spec.pi_episodes
     assert data.get("demonstration_foreign_pi_share", 0.0) == spec.foreign_pi_share
     assert data.get("demonstration_pi_corrections", False) is spec.pi_corrections
