@@ -709,9 +709,8 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
      "guidance closes", PI_TITLE, _summary_pi),
     ("Credit quality on ALFWorld with the previous warm start (no stall rows; sampled siblings on games it never saw, "
-     "bf16): verdict "
-     "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
-     "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
+     "bf16): verdict won / failed, from the AUC of the action weights against the planner's progress labels and its "
+     "95 % group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
     ("The same with an earlier warm start (thoughts on every row, 1.5 epochs)", CREDIT_PREVIOUS_TITLE,
      _summary_verdicts),
     ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
