@@ -574,9 +574,10 @@ def gpu_check(result: dict[str, Any]) -> str:
 ENV_NAMES = {"webshop": "WebShop", "search": "Search-QA"}
 CREDIT_QUALITY_SEARCH = "credit_quality_search_float32.json"
 CREDIT_QUALITY_WEBSHOP = "credit_quality_webshop_float32.json"
-CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the previous warm start (no stall rows), sampled siblings
-CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the warm start before that
-CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the previous one, played again on another CPU
+CREDIT_QUALITY_ALFWORLD = "credit_quality_alfworld_bf16.json"  # the shipped warm start (stall rows), sampled siblings
+CREDIT_QUALITY_ALFWORLD_PREVIOUS = "credit_quality_alfworld_previous_bf16.json"  # the previous one (no stall rows)
+CREDIT_QUALITY_ALFWORLD_EARLIER = "credit_quality_alfworld_earlier_bf16.json"  # the warm start before that
+CREDIT_QUALITY_ALFWORLD_AGAIN = "credit_quality_alfworld_bf16_replay.json"  # the earlier one, played again on another CPU
 # the warm start issue 54 was filed on (six games, d9ee461), the previous one (240 games, no stall rows), then the
 # shipped one, on the same games
 WARM_START_EVAL = ("warm_start_eval_six_game.json", "warm_start_eval_previous.json", "warm_start_eval.json")
@@ -599,8 +600,9 @@ QUICKSTART = ("quickstart_time.json", "quickstart_time_float32.json")  # the REA
 QUICKSTART_TITLE = "The first command from a fresh clone"
 WARM_START_TITLE = "The warm start: does it play games it never saw?"
 PI_TITLE = "Does the policy read its privileged context?"
-CREDIT_TITLE = "Credit quality on ALFWorld with the previous warm start"
-CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with an earlier warm start"
+CREDIT_TITLE = "Credit quality on ALFWorld with the shipped warm start"
+CREDIT_PREVIOUS_TITLE = "Credit quality on ALFWorld with the previous warm start"
+CREDIT_EARLIER_TITLE = "Credit quality on ALFWorld with an earlier warm start"
 CREDIT_AGAIN_TITLE = "Credit quality on ALFWorld played again on another CPU"
 SEARCH_TITLE = "Credit quality on Search-QA, every method"
 WEBSHOP_TITLE = "Credit quality on WebShop, every method"
@@ -618,7 +620,8 @@ SECTIONS: list[tuple[str, tuple[str, ...], Callable[..., str]]] = [
     ("The warm start's build", ("warm_start_build.json",), warm_start_build),
     (CREDIT_TITLE, (CREDIT_QUALITY_ALFWORLD,), credit_quality),
     (CREDIT_PREVIOUS_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS,), credit_quality),
-    (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_PREVIOUS, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
+    (CREDIT_EARLIER_TITLE, (CREDIT_QUALITY_ALFWORLD_EARLIER,), credit_quality),
+    (CREDIT_AGAIN_TITLE, (CREDIT_QUALITY_ALFWORLD_EARLIER, CREDIT_QUALITY_ALFWORLD_AGAIN), credit_replication),
     (SEARCH_TITLE, (CREDIT_QUALITY_SEARCH,), credit_quality),
     (WEBSHOP_TITLE, (CREDIT_QUALITY_WEBSHOP,), credit_quality),
     (CURVE_LORA_WIDE_TITLE, (LEARNING_CURVE_LORA_WIDE,), _curve_section(LEARNING_CURVE_LORA_WIDE)),
@@ -708,13 +711,12 @@ SUMMARY: list[tuple[str, str, Callable[..., str]]] = [
      "games with a win among 4 sampled siblings", WARM_START_TITLE, _summary_warm_start),
     ("Does the 135M policy read its privileged context? Share of the quoted actions' gap (-log pi) that their "
      "guidance closes", PI_TITLE, _summary_pi),
-    ("Credit quality on ALFWorld with the previous warm start (no stall rows; sampled siblings on games it never saw, "
-     "bf16): verdict won / failed, from the AUC of the action weights against the planner's progress labels and its "
-     "95 % group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
-    ("The same with an earlier warm start (thoughts on every row, 1.5 epochs)", CREDIT_PREVIOUS_TITLE,
-     _summary_verdicts),
-    ("The same, played again on another CPU: (method, pool) verdicts that hold", CREDIT_AGAIN_TITLE,
-     _summary_replication),
+    ("Credit quality on ALFWorld with the shipped warm start (sampled siblings on games it never saw, bf16): verdict "
+     "won / failed, from the AUC of the action weights against the planner's progress labels and its 95 % "
+     "group-bootstrap interval", CREDIT_TITLE, _summary_verdicts),
+    ("The same with the previous warm start (no stall rows)", CREDIT_PREVIOUS_TITLE, _summary_verdicts),
+    ("An earlier warm start's run (thoughts on every row, 1.5 epochs) played again on another CPU: (method, pool) "
+     "verdicts that hold", CREDIT_AGAIN_TITLE, _summary_replication),
     ("Credit quality on Search-QA (noisy-oracle siblings): verdict won / failed", SEARCH_TITLE, _summary_verdicts),
     ("Credit quality on WebShop (noisy-oracle siblings): verdict won / failed", WEBSHOP_TITLE, _summary_verdicts),
     ("Learning curves, CPU setting (GRPO, TASPO, AlignOPSD and GiGPO on 60 `eval_unseen` games): pilot on the "
