@@ -592,7 +592,8 @@ LEARNING_CURVE_SHIPPED = "learning_curve_cpu_lr2e-5.json"  # the previous warm s
 LEARNING_CURVE_LR = "learning_curve_cpu_lr5e-5.json"  # an earlier warm start, --set learning_rate 5e-5
 LEARNING_CURVE_LORA = "learning_curve_cpu_lora16_lr5e-5.json"  # the previous warm start, GRPO training LoRA adapters
 LEARNING_CURVE_LORA_FAST = "learning_curve_cpu_lora16_lr2e-4.json"  # the same at four times the learning rate
-LEARNING_CURVE_LORA_WIDE = "learning_curve_cpu_lora16_lr1e-4_8tasks_previous.json"  # LoRA, 8 tasks x 4 a step, lr 1e-4
+# the previous warm start, LoRA rank 16, 8 tasks x 4 a step, lr 1e-4
+LEARNING_CURVE_LORA_WIDE = "learning_curve_cpu_lora16_lr1e-4_8tasks_previous.json"
 LEARNING_CURVE_PILOT = "learning_curve_cpu_lora16_lr1e-4_8tasks.json"  # the same setting on the shipped warm start
 # one run each: Intel Xeon with AMX, AMD EPYC with AVX512-BF16 (both bf16)
 STEP_TIME = ("step_time_bf16.json", "step_time_bf16_avx512.json")
